@@ -1,0 +1,61 @@
+# Every target installs what it needs: `make demo` and `make test` work on a fresh machine.
+PY        ?= python3
+VENV      := .venv
+BIN       := $(VENV)/bin
+STAMP     := $(VENV)/.installed
+SYSSTAMP  := $(VENV)/.system-packages
+SYSPKGS   := openssh-server openssh-client iproute2 iptables pdsh procps
+# The CPU build of torch comes from a local file here; installing it first keeps pip from
+# pulling gigabytes of CUDA wheels for anything that depends on torch.
+TORCH_PIN ?= torch==2.13.0
+
+.PHONY: all venv system demo test test-unit test-cluster lint format bench clean
+
+all: test
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH_PIN)"
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $@
+
+venv: $(STAMP)
+
+# System tools the sandbox and the deepspeed backend use (root only; skipped otherwise).
+$(SYSSTAMP):
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  missing=""; for p in $(SYSPKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	  if [ -n "$$missing" ]; then \
+	    echo "installing:$$missing"; apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; fi; \
+	else echo "not root or no apt-get: skipping system packages ($(SYSPKGS))"; fi
+	@mkdir -p $(VENV) && touch $@
+
+system: $(SYSSTAMP)
+
+demo: $(STAMP) $(SYSSTAMP)
+	$(BIN)/python -m trainfleet.demo
+
+test: $(STAMP) $(SYSSTAMP)
+	$(BIN)/python -m pytest -q tests
+
+test-unit: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not cluster" tests
+
+test-cluster: $(STAMP) $(SYSSTAMP)
+	$(BIN)/python -m pytest -q -m cluster tests
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
+
+format: $(STAMP)
+	$(BIN)/ruff format src tests bench
+	$(BIN)/ruff check --fix src tests bench
+
+bench: $(STAMP) $(SYSSTAMP)
+	$(BIN)/python bench/exec_fanout.py
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache .ruff_cache

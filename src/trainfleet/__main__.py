@@ -1,0 +1,5 @@
+import sys
+
+from trainfleet.cli.main import main
+
+sys.exit(main())

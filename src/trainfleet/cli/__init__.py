@@ -1,0 +1,1 @@
+"""Command-line front end; thin: parse, call one library function, render."""

@@ -1,0 +1,79 @@
+"""Options shared by every subcommand that acts on a cluster.
+
+>>> import argparse
+>>> parser = argparse.ArgumentParser()
+>>> add_cluster_arguments(parser)
+>>> cluster_from_args(parser.parse_args(["--hosts", "a,b"])).world_size
+2
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+
+from trainfleet.cluster import Cluster, load_cluster
+
+CLUSTER_YAML_EXAMPLE = """\
+cluster.yaml example:
+  master: gpu-node-1            # rank 0 and the rendezvous store (default: first node)
+  master_port: 29500
+  workdir: /data/project        # where jobs run on every node
+  env: {HF_HOME: /data/hf}      # for every node
+  ssh: {user: root, port: 22, identity_file: ~/.ssh/id_ed25519}
+  nodes:
+    - host: gpu-node-1          # ssh alias, host name or address
+      slots: 8                  # ranks (GPUs) on this node
+      interface: ens14f0        # optional: pin NCCL/gloo to it
+    - host: gpu-node-2
+      slots: 8
+      python: /opt/conda/envs/train/bin/python
+      env: {NCCL_IB_HCA: mlx5}
+"""
+
+
+def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "cluster (one of --hostfile, --cluster, --hosts; default: this machine alone)"
+    )
+    group.add_argument(
+        "--hostfile", metavar="FILE", help="DeepSpeed/MPI hostfile: one `HOST slots=N` per line"
+    )
+    group.add_argument(
+        "-c", "--cluster", metavar="FILE", dest="cluster_file", help="cluster.yaml (see below)"
+    )
+    group.add_argument("--hosts", metavar="A,B:8", help="comma-separated hosts, optional :slots")
+    group.add_argument(
+        "-i",
+        "--include",
+        default="",
+        metavar="SPEC",
+        help="only these nodes/slots, DeepSpeed syntax: worker-0@worker-1:0,2",
+    )
+    group.add_argument(
+        "-e", "--exclude", default="", metavar="SPEC", help="all but these nodes/slots"
+    )
+    group.add_argument(
+        "--ssh-config", metavar="FILE", help="ssh config file for every node (like `ssh -F`)"
+    )
+    group.add_argument(
+        "--connect-timeout", type=int, metavar="S", help="ssh connect timeout in seconds"
+    )
+
+
+def cluster_from_args(args: argparse.Namespace) -> Cluster:
+    cluster = load_cluster(
+        hostfile=args.hostfile,
+        cluster_file=args.cluster_file,
+        hosts=args.hosts,
+        include=args.include,
+        exclude=args.exclude,
+        ssh_config=args.ssh_config,
+    )
+    if args.connect_timeout:
+        nodes = tuple(
+            replace(n, ssh=replace(n.ssh, connect_timeout=args.connect_timeout))
+            for n in cluster.nodes
+        )
+        cluster = replace(cluster, nodes=nodes)
+    return cluster

@@ -1,0 +1,91 @@
+"""`trainfleet exec`: run a command on every node at once (what the seeds install pdsh for).
+
+trainfleet exec -c cluster.yaml -- nvidia-smi -L
+trainfleet exec --hostfile hostfile --fold -- 'python -c "import torch; print(torch.__version__)"'
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+
+from trainfleet.cli.common import CLUSTER_YAML_EXAMPLE, add_cluster_arguments, cluster_from_args
+from trainfleet.nodeset import fold_groups
+from trainfleet.remote import NodeResult, command_argv, run_on_nodes, worst_returncode
+
+HELP = "run a command on every node"
+DESCRIPTION = """\
+Run a command on every node of the cluster at once, over the system ssh client (so
+~/.ssh/config, agents and jump hosts work as with `ssh host`). Each output line is
+prefixed with its node; the exit code is the worst node's. Unreachable nodes are
+reported with the reason (refused, timed out, no route, auth, host key) and the fix.
+
+One word after `--` is a shell command line (pipes work, as with pdsh); several words
+are run as an exact argv."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_cluster_arguments(parser)
+    parser.add_argument(
+        "--fold", action="store_true", help="group nodes with identical output (gpu-node-[1-3])"
+    )
+    parser.add_argument(
+        "--timeout", type=float, metavar="S", help="stop a node's command after S seconds"
+    )
+    parser.add_argument("--json", action="store_true", help="print results as JSON")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
+    parser.epilog = CLUSTER_YAML_EXAMPLE
+
+
+class _LinePrinter:
+    """Prints `node: line` as lines arrive; one lock so lines from nodes never interleave."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+
+    def __call__(self, node: str, stream: str, line: str) -> None:
+        out = sys.stdout if stream == "stdout" else sys.stderr
+        with self._lock:
+            print(f"{node}: {line}", file=out, flush=True)
+
+
+def _print_folded(results: list[NodeResult]) -> None:
+    outputs = {r.node: (r.stdout, r.stderr) for r in results if not r.failure.is_connection_failure}
+    for names, (stdout, stderr) in fold_groups(outputs):
+        for line in stdout.splitlines() or ([] if stderr else [""]):
+            print(f"{names}: {line}")
+        for line in stderr.splitlines():
+            print(f"{names}: {line}", file=sys.stderr)
+
+
+def _print_summary(results: list[NodeResult]) -> None:
+    failed = [r for r in results if not r.ok]
+    if not failed:
+        return
+    print(f"trainfleet exec: {len(failed)} of {len(results)} nodes failed:", file=sys.stderr)
+    for names, (reason, pitfall, fix) in fold_groups(
+        {r.node: (r.reason(), r.failure.pitfall_id, r.failure.fix) for r in failed}
+    ):
+        tag = f" [{pitfall}]" if pitfall else ""
+        print(f"  {names}: {reason}{tag}", file=sys.stderr)
+        if fix:
+            print(f"    fix: {fix}", file=sys.stderr)
+
+
+def run(args: argparse.Namespace) -> int:
+    words = args.command[1:] if args.command[:1] == ["--"] else args.command
+    argv = command_argv(words)
+    cluster = cluster_from_args(args)
+    streaming = not (args.fold or args.json)
+    results = run_on_nodes(
+        cluster.nodes, argv, timeout=args.timeout, on_line=_LinePrinter() if streaming else None
+    )
+    if args.json:
+        print(json.dumps({"command": argv, "nodes": [r.to_json() for r in results]}, indent=2))
+        return worst_returncode(results)
+    if args.fold:
+        _print_folded(results)
+    _print_summary(results)
+    return worst_returncode(results)

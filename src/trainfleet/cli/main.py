@@ -1,0 +1,63 @@
+"""The `trainfleet` command: one module per subcommand, registered here.
+
+    >>> from trainfleet.cli.main import main
+    >>> main(["exec", "--", "true"])
+    0
+
+Each subcommand module has `HELP`, `DESCRIPTION`, `add_arguments(parser)` and
+`run(args) -> int`. Known errors print `trainfleet: <what>: <fix>` and exit 1; Ctrl-C exits
+130; anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+
+from trainfleet import __version__
+from trainfleet.cli import exec_cmd, sandbox_cmd
+from trainfleet.errors import TrainfleetError
+
+COMMANDS: dict[str, ModuleType] = {
+    "exec": exec_cmd,
+    "sandbox": sandbox_cmd,
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="trainfleet",
+        description="Multi-node DeepSpeed / torch.distributed training from one command on one "
+        "node; every failure explained with its cause, node and fix.",
+    )
+    parser.add_argument("--version", action="version", version=f"trainfleet {__version__}")
+    sub = parser.add_subparsers(dest="command_name", required=True, metavar="COMMAND")
+    for name, module in COMMANDS.items():
+        sub_parser = sub.add_parser(
+            name,
+            help=module.HELP,
+            description=module.DESCRIPTION,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        module.add_arguments(sub_parser)
+        sub_parser.set_defaults(run=module.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except TrainfleetError as exc:
+        message = f"trainfleet: {exc.what}"
+        print(f"{message}: {exc.fix}" if exc.fix else message, file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("trainfleet: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

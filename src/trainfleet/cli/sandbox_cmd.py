@@ -1,0 +1,131 @@
+"""`trainfleet sandbox up|down|status`: a real multi-node cluster on this Linux machine.
+
+trainfleet sandbox up --nodes 3 --ifnames ens14f0,ens14f1,ens14f2
+trainfleet exec -c /run/trainfleet/sandbox/tf/cluster.yaml -- hostname
+trainfleet sandbox down
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from trainfleet import sandbox
+from trainfleet.sandbox import FAULTS
+
+HELP = "a multi-node cluster in network namespaces on this machine"
+DESCRIPTION = """\
+A real multi-node cluster on one Linux machine (root): each node is a network namespace
+with its own interface name, hostname, /etc/hosts and sshd, on one bridge. For rehearsing
+a multi-node launch before paying for GPUs, and for trainfleet's own tests. Its ssh key,
+known_hosts, ssh_config, cluster.yaml and hostfile live in its state dir; ~/.ssh is never
+touched."""
+
+
+def _fault_help() -> str:
+    lines = ["faults (--fault NAME[@NODE], NODE a 1-based index or hostname):"]
+    lines += [f"  {name:22} {kind.what} [{kind.pitfall_id}]" for name, kind in FAULTS.items()]
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="action", required=True, metavar="up|down|status")
+    up = sub.add_parser(
+        "up",
+        help="create the sandbox",
+        epilog=_fault_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    up.add_argument("--nodes", type=int, default=3, help="number of nodes (default 3)")
+    up.add_argument(
+        "--ifnames",
+        default="",
+        metavar="A,B,..",
+        help="interface name inside each node, one for all or one per node (default eth0)",
+    )
+    up.add_argument("--slots", type=int, default=1, help="slots per node in the written specs")
+    up.add_argument(
+        "--fault",
+        action="append",
+        default=[],
+        metavar="NAME[@NODE]",
+        help="inject a fault (repeatable; list below)",
+    )
+    up.add_argument("--subnet", help="IPv4 /24 for the nodes (default: derived from --name)")
+    up.add_argument("--master-port", type=int, default=29500)
+    for p in (
+        up,
+        sub.add_parser("down", help="remove everything `up` made"),
+        sub.add_parser("status", help="nodes and their state"),
+    ):
+        p.add_argument("--name", default=sandbox.DEFAULT_NAME, help="sandbox name (default tf)")
+        p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _run_up(args: argparse.Namespace) -> int:
+    box = sandbox.up(
+        nodes=args.nodes,
+        name=args.name,
+        ifnames=[n for n in args.ifnames.split(",") if n],
+        slots=args.slots,
+        faults=args.fault,
+        subnet=args.subnet,
+        master_port=args.master_port,
+    )
+    if args.json:
+        print(json.dumps(box.to_json(), indent=2))
+        return 0
+    print(
+        f"sandbox {box.name!r} is up: {len(box.nodes)} nodes on bridge {box.bridge} ({box.subnet})"
+    )
+    for node in box.nodes:
+        faults = [f.name for f in box.faults if f.node == node.index]
+        extra = f"  faults: {', '.join(faults)}" if faults else ""
+        print(f"  {node.hostname:12} {node.address:15} {node.ifname:10}{extra}".rstrip())
+    print(f"cluster.yaml: {box.cluster_file}")
+    print(f"hostfile:     {box.hostfile}   (with --ssh-config {box.ssh_config})")
+    print(f"try:          trainfleet exec -c {box.cluster_file} -- hostname")
+    return 0
+
+
+def _run_down(args: argparse.Namespace) -> int:
+    removed = sandbox.down(args.name)
+    if args.json:
+        print(json.dumps({"name": args.name, "removed": removed}, indent=2))
+    elif removed:
+        print(f"sandbox {args.name!r} is down ({len(removed)} items removed)")
+    else:
+        print(f"sandbox {args.name!r} was not up; nothing to remove")
+    return 0
+
+
+def _run_status(args: argparse.Namespace) -> int:
+    found = sandbox.status(args.name)
+    if found is None:
+        if args.json:
+            print(json.dumps({"name": args.name, "up": False}))
+        else:
+            print(f"sandbox {args.name!r} is not up")
+        return 1
+    box, nodes = found
+    if args.json:
+        print(
+            json.dumps(
+                {**box.to_json(), "up": True, "nodes": [n.to_json() for n in nodes]}, indent=2
+            )
+        )
+        return 0
+    print(f"sandbox {box.name!r}: {len(nodes)} nodes, {box.subnet}, state in {box.state_dir}")
+    for st in nodes:
+        state = (
+            "up"
+            if st.netns_present and st.sshd_running
+            else ("no sshd" if st.netns_present else "gone")
+        )
+        faults = f"  faults: {', '.join(st.faults)}" if st.faults else ""
+        print(f"  {st.node.hostname:12} {st.node.address:15} {st.node.ifname:10} {state}{faults}")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    return {"up": _run_up, "down": _run_down, "status": _run_status}[args.action](args)

@@ -1,0 +1,68 @@
+"""Fold node names into ranges, as clush does: gpu-node-1, gpu-node-2, gpu-node-3 -> gpu-node-[1-3].
+
+>>> fold_names(["gpu-node-1", "gpu-node-2", "gpu-node-3", "gpu-node-5", "login"])
+'gpu-node-[1-3,5],login'
+>>> fold_groups({"gpu-node-1": "ok", "gpu-node-2": "ok", "gpu-node-3": "down"})
+[('gpu-node-[1-2]', 'ok'), ('gpu-node-3', 'down')]
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Hashable, Iterable, Mapping
+from typing import TypeVar
+
+_NUMBERED = re.compile(r"^(.*?)(\d+)(\D*)$")
+
+V = TypeVar("V", bound=Hashable)
+
+
+def _ranges(numbers: list[tuple[int, str]]) -> str:
+    """[(1,'1'), (2,'2'), (5,'5')] -> '1-2,5'; zero padding is kept ('01-03')."""
+    parts: list[str] = []
+    start = prev = numbers[0]
+    for item in numbers[1:]:
+        if item[0] == prev[0] + 1 and len(item[1]) == len(prev[1]):
+            prev = item
+            continue
+        parts.append(start[1] if start == prev else f"{start[1]}-{prev[1]}")
+        start = prev = item
+    parts.append(start[1] if start == prev else f"{start[1]}-{prev[1]}")
+    return ",".join(parts)
+
+
+def fold_names(names: Iterable[str]) -> str:
+    """One compact string for a set of names; order of first appearance per pattern."""
+    groups: dict[tuple[str, str], list[tuple[int, str]]] = {}
+    singles: list[str] = []
+    order: list[tuple[str, str] | str] = []
+    for name in names:
+        match = _NUMBERED.match(name)
+        if not match or ":" in name:  # addresses with ':' stay whole
+            singles.append(name)
+            order.append(name)
+            continue
+        key = (match.group(1), match.group(3))
+        if key not in groups:
+            groups[key] = []
+            order.append(key)
+        groups[key].append((int(match.group(2)), match.group(2)))
+    parts = []
+    for key in order:
+        if isinstance(key, str):
+            parts.append(key)
+            continue
+        numbers = sorted(set(groups[key]))
+        if len(numbers) == 1:
+            parts.append(f"{key[0]}{numbers[0][1]}{key[1]}")
+        else:
+            parts.append(f"{key[0]}[{_ranges(numbers)}]{key[1]}")
+    return ",".join(parts)
+
+
+def fold_groups(values: Mapping[str, V]) -> list[tuple[str, V]]:
+    """Nodes with equal values folded together, in order of first appearance."""
+    by_value: dict[V, list[str]] = {}
+    for node, value in values.items():
+        by_value.setdefault(value, []).append(node)
+    return [(fold_names(nodes), value) for value, nodes in by_value.items()]

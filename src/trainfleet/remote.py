@@ -1,0 +1,391 @@
+"""Run one argv on many nodes at once through the system OpenSSH client; results as data.
+
+    >>> from trainfleet.cluster import load_cluster
+    >>> from trainfleet.remote import run_on_nodes
+    >>> [r.stdout for r in run_on_nodes(load_cluster().nodes, ["echo", "hi"])]
+    ['hi\\n']
+
+System `ssh`, not a Python SSH stack, so ~/.ssh/config aliases, agents, jump hosts and
+HostKeyAlgorithms behave exactly as `ssh host` does. Every node gets its own process at the same
+moment (asyncio, no per-node serial step); connections are reused through ControlMaster.
+A node that is this machine (`localhost`) runs the argv directly. Failures are classified into
+the `Failure` classes that doctor turns into PITFALLS.md findings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainfleet.cluster import Node, SshOptions
+from trainfleet.errors import RemoteError
+
+CONTROL_PERSIST_S = 60
+"""How long an idle shared connection stays open for the next command."""
+
+_DRAIN_AFTER_EXIT_S = 2.0
+"""After ssh exits, how long to wait for its pipes to close (a background child may hold them)."""
+
+
+class Failure(enum.Enum):
+    """Why a node's command did not succeed; `pitfall_id` is the PITFALLS.md id it maps to."""
+
+    NONE = "ok"
+    REFUSED = "unreachable: connection refused"
+    CONNECT_TIMEOUT = "unreachable: connect timed out"
+    NO_ROUTE = "unreachable: no route to host"
+    DNS = "unreachable: name does not resolve"
+    SSH_ERROR = "unreachable: ssh failed"
+    AUTH = "auth failed"
+    HOSTKEY_UNKNOWN = "host key unknown"
+    HOSTKEY_CHANGED = "host key changed"
+    HOSTKEY_ALGO = "no common host key algorithm"
+    TIMED_OUT = "timed out"
+    COMMAND_FAILED = "command failed"
+
+    @property
+    def pitfall_id(self) -> str | None:
+        return _PITFALL_IDS.get(self)
+
+    @property
+    def fix(self) -> str:
+        return _FIXES.get(self, "")
+
+    @property
+    def is_connection_failure(self) -> bool:
+        """The command never ran (or the connection broke): nothing is known of the node."""
+        return self not in (Failure.NONE, Failure.COMMAND_FAILED, Failure.TIMED_OUT)
+
+
+_PITFALL_IDS = {
+    Failure.REFUSED: "ssh-unreachable",
+    Failure.CONNECT_TIMEOUT: "ssh-unreachable",
+    Failure.NO_ROUTE: "ssh-unreachable",
+    Failure.DNS: "hostname-unresolvable",
+    Failure.SSH_ERROR: "ssh-unreachable",
+    Failure.AUTH: "ssh-auth-failed",
+    Failure.HOSTKEY_UNKNOWN: "ssh-hostkey-unknown",
+    Failure.HOSTKEY_CHANGED: "ssh-hostkey-changed",
+    Failure.HOSTKEY_ALGO: "ssh-hostkey-algo",
+}
+
+_FIXES = {
+    Failure.REFUSED: "nothing listens on the ssh port: start sshd there, or fix the port",
+    Failure.CONNECT_TIMEOUT: "check the address, that the node is up, and that a firewall "
+    "lets port 22 through",
+    Failure.NO_ROUTE: "check the address and that the node is up and on this network",
+    Failure.DNS: "add the name to /etc/hosts or ~/.ssh/config (HostName), or use the address",
+    Failure.SSH_ERROR: "run `ssh -v HOST true` to see where the connection stops",
+    Failure.AUTH: "run `trainfleet setup ssh`, or `ssh-copy-id HOST` for this node",
+    Failure.HOSTKEY_UNKNOWN: "check the fingerprint, then `ssh-keyscan HOST >> ~/.ssh/known_hosts`"
+    " (or `trainfleet setup ssh`)",
+    Failure.HOSTKEY_CHANGED: "if the node was reinstalled, confirm its new fingerprint, then "
+    "`ssh-keygen -R HOST`",
+    Failure.HOSTKEY_ALGO: "add `HostKeyAlgorithms +ssh-rsa` for this host in ~/.ssh/config, "
+    "or give the node new host keys",
+    Failure.TIMED_OUT: "the command ran longer than --timeout; raise it or check the node",
+}
+
+# ssh's own messages, first match wins (the hostkey-changed banner comes with
+# "Host key verification failed", so it is tested first).
+_SSH_PATTERNS: tuple[tuple[str, Failure], ...] = (
+    ("REMOTE HOST IDENTIFICATION HAS CHANGED", Failure.HOSTKEY_CHANGED),
+    ("no matching host key type found", Failure.HOSTKEY_ALGO),
+    ("Host key verification failed", Failure.HOSTKEY_UNKNOWN),
+    ("No ED25519 host key is known", Failure.HOSTKEY_UNKNOWN),
+    ("host key is known for", Failure.HOSTKEY_UNKNOWN),
+    ("Permission denied", Failure.AUTH),
+    ("Too many authentication failures", Failure.AUTH),
+    ("Connection refused", Failure.REFUSED),
+    ("Connection timed out", Failure.CONNECT_TIMEOUT),
+    ("Operation timed out", Failure.CONNECT_TIMEOUT),
+    ("No route to host", Failure.NO_ROUTE),
+    ("Network is unreachable", Failure.NO_ROUTE),
+    ("Could not resolve hostname", Failure.DNS),
+    ("Name or service not known", Failure.DNS),
+    ("Temporary failure in name resolution", Failure.DNS),
+)
+
+
+def classify(returncode: int | None, stderr: str, timed_out: bool, via_ssh: bool) -> Failure:
+    """Map an exit status and stderr to a Failure class."""
+    if timed_out:
+        return Failure.TIMED_OUT
+    if returncode == 0:
+        return Failure.NONE
+    if via_ssh and returncode == 255:
+        for needle, failure in _SSH_PATTERNS:
+            if needle in stderr:
+                return failure
+        return Failure.SSH_ERROR
+    return Failure.COMMAND_FAILED
+
+
+@dataclass(kw_only=True, slots=True)
+class NodeResult:
+    """What one node did with the command."""
+
+    node: str
+    returncode: int | None
+    """Exit status; None when it was killed for the timeout."""
+    stdout: str
+    stderr: str
+    duration_s: float
+    failure: Failure
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is Failure.NONE
+
+    def reason(self) -> str:
+        """One line: the class and ssh's last stderr line, e.g. for the exec summary."""
+        detail = self.stderr.strip().splitlines()[-1] if self.stderr.strip() else ""
+        if self.failure is Failure.COMMAND_FAILED:
+            return f"exit {self.returncode}" + (f": {detail}" if detail else "")
+        return self.failure.value + (f" ({detail})" if detail else "")
+
+    def to_json(self) -> dict:
+        return {
+            "node": self.node,
+            "returncode": self.returncode,
+            "failure": self.failure.name.lower(),
+            "pitfall_id": self.failure.pitfall_id,
+            "duration_s": round(self.duration_s, 3),
+            "stdout": self.stdout,
+            "stderr": self.stderr,
+        }
+
+
+# ----------------------------------------------------------------------------- argv building
+
+
+def control_dir() -> Path:
+    """Where shared-connection sockets live; short (sun_path is ~108 bytes) and private."""
+    path = Path(os.environ.get("TRAINFLEET_CONTROL_DIR", f"/tmp/trainfleet-{os.getuid()}-ssh"))
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return path
+
+
+def ssh_base_argv(host: str, ssh: SshOptions, *, multiplex: bool = True) -> list[str]:
+    """`ssh ... host` without the remote command. User options first: OpenSSH keeps the first
+    value it sees for an option, so the user's settings win over trainfleet's defaults."""
+    argv = ["ssh"]
+    if ssh.config_file:
+        argv += ["-F", ssh.config_file]
+    argv += list(ssh.options)
+    if ssh.identity_file:
+        argv += ["-i", ssh.identity_file]
+    if ssh.known_hosts_file:
+        argv += ["-o", f"UserKnownHostsFile={ssh.known_hosts_file}"]
+    if ssh.port is not None:
+        argv += ["-p", str(ssh.port)]
+    if ssh.user is not None:
+        argv += ["-l", ssh.user]
+    argv += [
+        # Never prompt: a password or host-key question would hang a parallel run silently.
+        "-oBatchMode=yes",
+        # A dead or firewalled node is reported in seconds, not after the kernel's 2 minutes.
+        f"-oConnectTimeout={ssh.connect_timeout}",
+        # A node that dies mid-command is noticed within 15 s.
+        "-oServerAliveInterval=5",
+        "-oServerAliveCountMax=3",
+        # No terminal: output stays byte-exact and the remote side gets no job-control signals.
+        "-T",
+    ]
+    if multiplex:
+        argv += [
+            # Reuse one connection per node: the handshake is paid once, not per command.
+            "-oControlMaster=auto",
+            f"-oControlPath={control_dir()}/%C",
+            f"-oControlPersist={CONTROL_PERSIST_S}",
+        ]
+    return [*argv, "--", host]
+
+
+def node_argv(node: Node, argv: Sequence[str], *, multiplex: bool = True) -> list[str]:
+    """The local argv that runs `argv` on `node`: argv itself for this machine, ssh otherwise.
+
+    ssh hands the remote shell one string, so each word is quoted: the remote side runs exactly
+    `argv`, whatever characters it holds.
+    """
+    if not argv:
+        raise RemoteError("empty command", "give the command to run after `--`")
+    if node.is_local:
+        return list(argv)
+    return [*ssh_base_argv(node.host, node.ssh, multiplex=multiplex), shlex.join(argv)]
+
+
+# ----------------------------------------------------------------------------- running
+
+LineCallback = Callable[[str, str, str], None]
+"""on_line(node, stream, line): stream is 'stdout' or 'stderr'; line has no trailing newline."""
+
+
+async def _pump(
+    stream: asyncio.StreamReader,
+    sink: list[str],
+    node: str,
+    name: str,
+    on_line: LineCallback | None,
+) -> None:
+    while True:
+        raw = await stream.readline()
+        if not raw:
+            return
+        text = raw.decode("utf-8", errors="replace")
+        sink.append(text)
+        if on_line is not None:
+            on_line(node, name, text.rstrip("\n"))
+
+
+def _kill_group(proc: asyncio.subprocess.Process) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+async def _run_one(
+    node: Node,
+    argv: Sequence[str],
+    stdin: bytes | None,
+    timeout: float | None,
+    on_line: LineCallback | None,
+) -> NodeResult:
+    cmd = node_argv(node, argv)
+    start = time.monotonic()
+    out: list[str] = []
+    err: list[str] = []
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *cmd,
+            stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,  # own process group: a timeout kills ssh and its children
+        )
+    except (FileNotFoundError, PermissionError) as exc:
+        return NodeResult(
+            node=node.host,
+            returncode=127,
+            stdout="",
+            stderr=f"{exc}\n",
+            duration_s=time.monotonic() - start,
+            failure=Failure.COMMAND_FAILED,
+        )
+    pumps = [
+        asyncio.ensure_future(_pump(proc.stdout, out, node.host, "stdout", on_line)),
+        asyncio.ensure_future(_pump(proc.stderr, err, node.host, "stderr", on_line)),
+    ]
+    if stdin is not None:
+        try:
+            proc.stdin.write(stdin)
+            await proc.stdin.drain()
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the command exited (or ssh failed) before reading it all; its status says why
+        proc.stdin.close()
+    timed_out = False
+    try:
+        await asyncio.wait_for(proc.wait(), timeout)
+    except asyncio.TimeoutError:
+        timed_out = True
+        _kill_group(proc)
+        await proc.wait()
+    # A persisted ssh master or a backgrounded remote child can hold the pipes open after the
+    # command is done; bound the wait for EOF instead of hanging on it.
+    _, pending = await asyncio.wait(pumps, timeout=_DRAIN_AFTER_EXIT_S)
+    for task in pending:
+        task.cancel()
+    stderr = "".join(err)
+    return NodeResult(
+        node=node.host,
+        returncode=None if timed_out else proc.returncode,
+        stdout="".join(out),
+        stderr=stderr,
+        duration_s=time.monotonic() - start,
+        failure=classify(proc.returncode, stderr, timed_out, via_ssh=not node.is_local),
+    )
+
+
+async def run_on_nodes_async(
+    nodes: Sequence[Node],
+    argv: Sequence[str],
+    *,
+    stdin: bytes | None = None,
+    timeout: float | None = None,
+    on_line: LineCallback | None = None,
+) -> list[NodeResult]:
+    """Run `argv` on every node at once; results in the order of `nodes`."""
+    if any(not node.is_local for node in nodes) and shutil.which("ssh") is None:
+        raise RemoteError("no `ssh` client on this machine", "install openssh-client")
+    return list(
+        await asyncio.gather(*(_run_one(node, argv, stdin, timeout, on_line) for node in nodes))
+    )
+
+
+def run_on_nodes(
+    nodes: Sequence[Node],
+    argv: Sequence[str],
+    *,
+    stdin: bytes | None = None,
+    timeout: float | None = None,
+    on_line: LineCallback | None = None,
+) -> list[NodeResult]:
+    """Synchronous `run_on_nodes_async`: run `argv` on every node at once.
+
+    `stdin` is sent to every node (how the probe travels); `timeout` bounds each node's run,
+    connect included; `on_line` sees output lines as they arrive.
+    """
+    return asyncio.run(
+        run_on_nodes_async(nodes, argv, stdin=stdin, timeout=timeout, on_line=on_line)
+    )
+
+
+def close_connections(nodes: Sequence[Node]) -> None:
+    """Ask the shared ssh connections to these nodes to exit (`ssh -O exit`), all at once."""
+    procs = [
+        subprocess.Popen(
+            [*ssh_base_argv(node.host, node.ssh)[:-2], "-O", "exit", "--", node.host],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for node in nodes
+        if not node.is_local
+    ]
+    for proc in procs:
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def command_argv(words: Sequence[str]) -> list[str]:
+    """What `trainfleet exec -- WORDS` runs on each node.
+
+    One word is a shell command line, as with `ssh host 'cmd | grep x'`, pdsh and clush: it runs
+    under `sh -c`. Several words are an exact argv: each is passed as is, never re-split.
+    """
+    if not words:
+        raise RemoteError("no command given", "put the command after `--`: exec -- hostname")
+    if len(words) == 1 and any(ch in words[0] for ch in " \t\n|&;<>()$`\\\"'*?[]~{}"):
+        return ["sh", "-c", words[0]]
+    return list(words)
+
+
+def worst_returncode(results: Sequence[NodeResult]) -> int:
+    """The exit code of a fan-out: the worst node's (0 only when every node succeeded).
+
+    A node killed for the timeout counts as 124, like timeout(1).
+    """
+    codes = [124 if r.returncode is None else r.returncode for r in results]
+    return max(codes, default=0, key=lambda code: (code != 0, code))

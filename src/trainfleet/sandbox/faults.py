@@ -1,0 +1,110 @@
+"""Faults the sandbox can inject, each reproducing a pitfall from PITFALLS.md on one node.
+
+    >>> parse_fault("firewall-blocks-ports@1", ["gpu-node-1", "gpu-node-2"])
+    Fault(name='firewall-blocks-ports', node=1)
+
+Written as `NAME[@NODE]`, NODE a 1-based index or a node's hostname; without it, each fault has
+the default node named in FAULTS (the master for faults about the master's ports).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainfleet.errors import SandboxError
+
+
+@dataclass(frozen=True, slots=True)
+class FaultKind:
+    pitfall_id: str
+    """The PITFALLS.md id doctor must report for it."""
+    default_node: str
+    """'first' (the master) or 'last'."""
+    what: str
+
+
+FAULTS: dict[str, FaultKind] = {
+    "firewall-blocks-ports": FaultKind(
+        "firewall-blocks-ports",
+        "first",
+        "iptables passes ssh and the master port, drops every other new TCP connection",
+    ),
+    "firewall-ssh-only": FaultKind(
+        "firewall-blocks-ports", "last", "iptables drops every new TCP connection except ssh"
+    ),
+    "hostname-loopback": FaultKind(
+        "hostname-loopback", "last", "the node's own name resolves to 127.0.1.1 (Debian style)"
+    ),
+    "port-in-use": FaultKind(
+        "port-in-use", "first", "a leftover process listens on the master port"
+    ),
+    "ssh-auth-failed": FaultKind(
+        "ssh-auth-failed", "last", "sshd trusts no key (no passwordless login to the node)"
+    ),
+    "ssh-hostkey-changed": FaultKind(
+        "ssh-hostkey-changed", "last", "known_hosts holds another key than the node's"
+    ),
+    "ssh-hostkey-unknown": FaultKind(
+        "ssh-hostkey-unknown", "last", "known_hosts has no entry for the node"
+    ),
+    "slow-link": FaultKind("slow-link", "last", "the node's link is shaped to 50 Mbit/s (tc tbf)"),
+    "mtu-mismatch": FaultKind("mtu-mismatch", "last", "the node's interface has MTU 1280"),
+    "node-down": FaultKind(
+        "ssh-unreachable", "last", "the node's link is down and it runs no sshd"
+    ),
+    "decoy-iface": FaultKind(
+        "iface-wrong", "last", "a `docker0` interface with an unrelated address on the node"
+    ),
+}
+
+SLOW_LINK_RATE = "50mbit"
+DECOY_IFACE = "docker0"
+DECOY_ADDR = "172.17.0.1/16"
+SMALL_MTU = 1280
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    name: str
+    node: int
+    """1-based node index."""
+
+    @property
+    def kind(self) -> FaultKind:
+        return FAULTS[self.name]
+
+    def __str__(self) -> str:
+        return f"{self.name}@{self.node}"
+
+
+def parse_fault(text: str, hostnames: list[str]) -> Fault:
+    name, _, where = text.partition("@")
+    if name not in FAULTS:
+        raise SandboxError(f"unknown fault {name!r}", f"known faults: {', '.join(FAULTS)}")
+    if not where:
+        index = 1 if FAULTS[name].default_node == "first" else len(hostnames)
+    elif where.isdigit():
+        index = int(where)
+    elif where in hostnames:
+        index = hostnames.index(where) + 1
+    else:
+        raise SandboxError(
+            f"fault {text!r} names no node", f"use 1..{len(hostnames)} or one of {hostnames}"
+        )
+    if not 1 <= index <= len(hostnames):
+        raise SandboxError(
+            f"fault {text!r}: node {index} does not exist", f"use 1..{len(hostnames)}"
+        )
+    return Fault(name, index)
+
+
+def firewall_rules(name: str, master_port: int) -> list[list[str]]:
+    """iptables argv lists (without the `iptables` itself) for a firewall fault."""
+    allowed = ["22"] if name == "firewall-ssh-only" else ["22", str(master_port)]
+    rules = [
+        ["-A", "INPUT", "-i", "lo", "-j", "ACCEPT"],
+        ["-A", "INPUT", "-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT"],
+    ]
+    rules += [["-A", "INPUT", "-p", "tcp", "--dport", port, "-j", "ACCEPT"] for port in allowed]
+    rules.append(["-A", "INPUT", "-p", "tcp", "--syn", "-j", "DROP"])
+    return rules

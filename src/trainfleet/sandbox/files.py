@@ -1,0 +1,117 @@
+"""The text of every file the sandbox writes: pure functions of the sandbox's layout.
+
+    >>> from trainfleet.sandbox.files import hostfile_text
+    >>> print(hostfile_text([SandboxNode(index=1, hostname="gpu-node-1", address="10.0.0.11",
+    ...     ifname="eth0", netns="tf-x-1", host_veth="tv-x-1")], slots=2), end="")
+    gpu-node-1 slots=2
+
+Kept apart from the code that runs `ip` and `sshd` so they can be read and tested as text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import yaml
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxNode:
+    index: int
+    """1-based, rank order."""
+    hostname: str
+    address: str
+    ifname: str
+    """Interface name inside the node (ens14f0, eth0, ...)."""
+    netns: str
+    host_veth: str
+    """The veth end on the bridge, in this machine's namespace."""
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def sshd_config_text(node: SandboxNode, state: Path, *, trust: bool) -> str:
+    node_dir = state / "nodes" / node.hostname
+    authorized = state / "authorized_keys" if trust else Path("/nonexistent/authorized_keys")
+    return "\n".join(
+        [
+            f"# sshd for sandbox node {node.hostname} (written by `trainfleet sandbox up`)",
+            f"ListenAddress {node.address}",
+            "Port 22",
+            f"HostKey {node_dir / 'ssh_host_ed25519_key'}",
+            f"PidFile {node_dir / 'sshd.pid'}",
+            f"AuthorizedKeysFile {authorized}",
+            "PermitRootLogin prohibit-password",
+            "PasswordAuthentication no",
+            "KbdInteractiveAuthentication no",
+            "UsePAM no",
+            # The state dir lives under /run or /tmp, whose modes sshd's StrictModes rejects.
+            "StrictModes no",
+            "PrintMotd no",
+            # doctor's N x N checks and shared connections open many sessions at once.
+            "MaxStartups 200:30:400",
+            "MaxSessions 200",
+            "Subsystem sftp internal-sftp",
+            "LogLevel ERROR",
+            "",
+        ]
+    )
+
+
+def etc_hosts_text(nodes: list[SandboxNode], me: SandboxNode, *, loopback_self: bool) -> str:
+    lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
+    if loopback_self:
+        # What Debian/Ubuntu installers write: the machine's own name on 127.0.1.1.
+        lines.append(f"127.0.1.1\t{me.hostname}")
+    for node in nodes:
+        if not (loopback_self and node is me):
+            lines.append(f"{node.address}\t{node.hostname}")
+    return "\n".join(lines) + "\n"
+
+
+def ssh_config_text(nodes: list[SandboxNode], state: Path) -> str:
+    lines = ["# ssh config for the sandbox (written by `trainfleet sandbox up`); use with ssh -F"]
+    for node in nodes:
+        lines += [f"Host {node.hostname}", f"    HostName {node.address}"]
+    lines += [
+        "Host *",
+        "    User root",
+        f"    IdentityFile {state / 'id_ed25519'}",
+        "    IdentitiesOnly yes",
+        f"    UserKnownHostsFile {state / 'known_hosts'}",
+        "    StrictHostKeyChecking yes",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def known_hosts_text(entries: list[tuple[SandboxNode, str]]) -> str:
+    """entries: (node, 'ssh-ed25519 AAAA...') for every node that should be known."""
+    return "".join(f"{n.hostname},{n.address} {key}\n" for n, key in entries)
+
+
+def hostfile_text(nodes: list[SandboxNode], slots: int) -> str:
+    return "".join(f"{node.hostname} slots={slots}\n" for node in nodes)
+
+
+def cluster_yaml_text(nodes: list[SandboxNode], state: Path, slots: int, master_port: int) -> str:
+    doc = {
+        "master": nodes[0].hostname,
+        "master_port": master_port,
+        "ssh": {
+            "user": "root",
+            # Node names are aliases in this file, as in a user's ~/.ssh/config (seed 004).
+            "config_file": str(state / "ssh_config"),
+            "identity_file": str(state / "id_ed25519"),
+            "known_hosts_file": str(state / "known_hosts"),
+            "options": ["-o", "IdentitiesOnly=yes", "-o", "StrictHostKeyChecking=yes"],
+        },
+        "nodes": [{"host": node.hostname, "slots": slots} for node in nodes],
+    }
+    header = (
+        "# A sandbox cluster: every node is a network namespace on this machine with its own\n"
+        "# interface, hostname, /etc/hosts and sshd. Written by `trainfleet sandbox up`.\n"
+    )
+    return header + yaml.safe_dump(doc, sort_keys=False)

@@ -1,0 +1,516 @@
+"""Bring a sandbox cluster up, inspect it, take it down (also after a crash or a half `up`).
+
+    >>> from trainfleet.sandbox import up, down
+    >>> sandbox = up(nodes=3, ifnames=["ens14f0", "ens14f1", "ens14f2"])  # doctest: +SKIP
+    >>> sandbox.cluster_file  # doctest: +SKIP
+    PosixPath('/run/trainfleet/sandbox/tf/cluster.yaml')
+    >>> down()  # doctest: +SKIP
+
+Every node is a network namespace `tf-NAME-K` with a veth into the bridge `tfbr-NAME`, its own
+interface name, hostname (UTS namespace of its sshd), /etc/hosts (/etc/netns/tf-NAME-K/hosts)
+and sshd. The key, authorized_keys, known_hosts, ssh_config, cluster.yaml and hostfile live in
+the state dir; the user's ~/.ssh is never touched. `down` finds what to remove by name prefix,
+not only from the state file, so it also cleans up what a crashed `up` left.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import time
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trainfleet.cluster import DEFAULT_MASTER_PORT
+from trainfleet.errors import SandboxError
+from trainfleet.sandbox import files, netns
+from trainfleet.sandbox.faults import (
+    DECOY_ADDR,
+    DECOY_IFACE,
+    SLOW_LINK_RATE,
+    SMALL_MTU,
+    Fault,
+    firewall_rules,
+    parse_fault,
+)
+
+DEFAULT_NAME = "tf"
+MAX_NODES = 200
+_NAME_RE = re.compile(r"^[a-z0-9]{1,8}$")
+_IFNAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,14}$")
+_SSHD_START_TIMEOUT_S = 15.0
+
+
+def state_root() -> Path:
+    return Path(os.environ.get("TRAINFLEET_SANDBOX_DIR", "/run/trainfleet/sandbox"))
+
+
+@dataclass(kw_only=True, slots=True)
+class Sandbox:
+    """A running (or partly running) sandbox, as recorded in its state file."""
+
+    name: str
+    state_dir: Path
+    subnet: str
+    bridge: str
+    nodes: list[files.SandboxNode]
+    faults: list[Fault] = field(default_factory=list)
+    slots: int = 1
+    master_port: int = DEFAULT_MASTER_PORT
+
+    @property
+    def cluster_file(self) -> Path:
+        return self.state_dir / "cluster.yaml"
+
+    @property
+    def hostfile(self) -> Path:
+        return self.state_dir / "hostfile"
+
+    @property
+    def ssh_config(self) -> Path:
+        return self.state_dir / "ssh_config"
+
+    def node(self, which: int | str) -> files.SandboxNode:
+        """A node by 1-based index or hostname."""
+        for node in self.nodes:
+            if which in (node.index, node.hostname):
+                return node
+        raise SandboxError(f"no sandbox node {which!r}", "see `trainfleet sandbox status`")
+
+    def exec_argv(self, which: int | str, argv: Sequence[str]) -> list[str]:
+        """argv run inside a node's namespace directly (no ssh), e.g. to inject a fault."""
+        return netns.in_netns(self.node(which).netns, argv)
+
+    def to_json(self) -> dict:
+        return {
+            "name": self.name,
+            "state_dir": str(self.state_dir),
+            "subnet": self.subnet,
+            "bridge": self.bridge,
+            "slots": self.slots,
+            "master_port": self.master_port,
+            "faults": [str(f) for f in self.faults],
+            "nodes": [n.to_json() for n in self.nodes],
+            "cluster_file": str(self.cluster_file),
+            "hostfile": str(self.hostfile),
+            "ssh_config": str(self.ssh_config),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> Sandbox:
+        hostnames = [n["hostname"] for n in data["nodes"]]
+        return cls(
+            name=data["name"],
+            state_dir=Path(data["state_dir"]),
+            subnet=data["subnet"],
+            bridge=data["bridge"],
+            slots=data["slots"],
+            master_port=data["master_port"],
+            faults=[parse_fault(f, hostnames) for f in data["faults"]],
+            nodes=[files.SandboxNode(**n) for n in data["nodes"]],
+        )
+
+
+def _check_name(name: str) -> str:
+    if not _NAME_RE.match(name):
+        raise SandboxError(f"sandbox name {name!r} is not valid", "use 1-8 of [a-z0-9]")
+    return name
+
+
+def default_subnet(name: str) -> str:
+    """A /24 per sandbox name, so that several sandboxes can be up side by side."""
+    return f"10.213.{zlib.crc32(name.encode()) % 250 + 1}.0/24"
+
+
+def load(name: str = DEFAULT_NAME) -> Sandbox | None:
+    path = state_root() / _check_name(name) / "state.json"
+    try:
+        return Sandbox.from_json(json.loads(path.read_text()))
+    except FileNotFoundError:
+        return None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise SandboxError(
+            f"sandbox state {path} is unreadable ({exc})",
+            f"run `trainfleet sandbox down --name {name}`",
+        ) from None
+
+
+# ----------------------------------------------------------------------------- up
+
+
+def _plan_nodes(
+    name: str, count: int, ifnames: Sequence[str], subnet: str
+) -> list[files.SandboxNode]:
+    if not 1 <= count <= MAX_NODES:
+        raise SandboxError(f"--nodes must be in 1..{MAX_NODES}, got {count}", "pick fewer nodes")
+    if len(ifnames) not in (0, 1, count):
+        raise SandboxError(
+            f"{len(ifnames)} interface names for {count} nodes",
+            "give one name for all nodes, or one per node (--ifnames ens14f0,ens14f1)",
+        )
+    for ifname in ifnames:
+        if not _IFNAME_RE.match(ifname) or ifname in ("lo", DECOY_IFACE):
+            raise SandboxError(f"bad interface name {ifname!r}", "use e.g. eth0 or ens14f0")
+    net = ipaddress.ip_network(subnet)
+    hosts = list(net.hosts())
+    if len(hosts) < count + 11:
+        raise SandboxError(f"subnet {subnet} is too small for {count} nodes", "use a /24")
+    names = list(ifnames) * count if len(ifnames) == 1 else list(ifnames) or ["eth0"] * count
+    return [
+        files.SandboxNode(
+            index=k,
+            hostname=f"gpu-node-{k}",
+            address=str(hosts[9 + k]),
+            ifname=names[k - 1],
+            netns=f"tf-{name}-{k}",
+            host_veth=f"tv-{name}-{k}",
+        )
+        for k in range(1, count + 1)
+    ]
+
+
+def _keygen(path: Path) -> str:
+    netns.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", path.name, "-f", str(path)])
+    return " ".join(path.with_suffix(".pub").read_text().split()[:2])
+
+
+def _write(path: Path, text: str, mode: int = 0o644) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(mode)
+
+
+def up(
+    *,
+    nodes: int,
+    name: str = DEFAULT_NAME,
+    ifnames: Sequence[str] = (),
+    slots: int = 1,
+    faults: Sequence[str] = (),
+    subnet: str | None = None,
+    master_port: int = DEFAULT_MASTER_PORT,
+) -> Sandbox:
+    """Create the sandbox; on any failure, remove whatever was made and raise."""
+    netns.require_root_and_netns()
+    _check_name(name)
+    if load(name) is not None or any(ns.startswith(f"tf-{name}-") for ns in netns.netns_list()):
+        raise SandboxError(
+            f"sandbox {name!r} is already up", f"run `trainfleet sandbox down --name {name}` first"
+        )
+    subnet = subnet or default_subnet(name)
+    planned = _plan_nodes(name, nodes, ifnames, subnet)
+    hostnames = [n.hostname for n in planned]
+    parsed = [parse_fault(f, hostnames) for f in faults]
+    state_dir = state_root() / name
+    sandbox = Sandbox(
+        name=name,
+        state_dir=state_dir,
+        subnet=subnet,
+        bridge=f"tfbr-{name}",
+        nodes=planned,
+        faults=parsed,
+        slots=slots,
+        master_port=master_port,
+    )
+    try:
+        _build(sandbox)
+    except BaseException:
+        down(name)
+        raise
+    return sandbox
+
+
+def _faulted(sandbox: Sandbox, fault_name: str) -> set[int]:
+    return {f.node for f in sandbox.faults if f.name == fault_name}
+
+
+def _build(sandbox: Sandbox) -> None:
+    state = sandbox.state_dir
+    state.mkdir(parents=True, exist_ok=True)
+    state.chmod(0o700)
+    # Record the state first: `down` must find even a half-built sandbox.
+    _write(state / "state.json", json.dumps(sandbox.to_json(), indent=2) + "\n")
+    net = ipaddress.ip_network(sandbox.subnet)
+    prefix = net.prefixlen
+    gateway = str(next(net.hosts()))
+
+    netns.run(["ip", "link", "add", sandbox.bridge, "type", "bridge"])
+    netns.run(["ip", "addr", "add", f"{gateway}/{prefix}", "dev", sandbox.bridge])
+    netns.run(["ip", "link", "set", sandbox.bridge, "up"])
+
+    client_key = _keygen(state / "id_ed25519")
+    _write(state / "authorized_keys", client_key + "\n", 0o600)
+    host_keys: dict[int, str] = {}
+    for node in sandbox.nodes:
+        ns = node.netns
+        node_dir = state / "nodes" / node.hostname
+        node_dir.mkdir(parents=True, exist_ok=True)
+        host_keys[node.index] = _keygen(node_dir / "ssh_host_ed25519_key")
+        netns.run(["ip", "netns", "add", ns])
+        # The peer is created straight inside the namespace: every node may call it eth0.
+        netns.run(
+            [
+                "ip",
+                "link",
+                "add",
+                node.host_veth,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                node.ifname,
+                "netns",
+                ns,
+            ]
+        )
+        netns.run(["ip", "link", "set", node.host_veth, "master", sandbox.bridge, "up"])
+        netns.run(["ip", "-n", ns, "addr", "add", f"{node.address}/{prefix}", "dev", node.ifname])
+        netns.run(["ip", "-n", ns, "link", "set", "lo", "up"])
+        netns.run(["ip", "-n", ns, "link", "set", node.ifname, "up"])
+        loopback = node.index in _faulted(sandbox, "hostname-loopback")
+        _write(
+            Path("/etc/netns") / ns / "hosts",
+            files.etc_hosts_text(sandbox.nodes, node, loopback_self=loopback),
+        )
+        trust = node.index not in _faulted(sandbox, "ssh-auth-failed")
+        _write(node_dir / "sshd_config", files.sshd_config_text(node, state, trust=trust))
+
+    _write_client_files(sandbox, host_keys)
+    _apply_network_faults(sandbox)
+    _start_sshds(sandbox)
+    _start_port_holders(sandbox)
+
+
+def _write_client_files(sandbox: Sandbox, host_keys: dict[int, str]) -> None:
+    state = sandbox.state_dir
+    known = []
+    for node in sandbox.nodes:
+        if node.index in _faulted(sandbox, "ssh-hostkey-unknown"):
+            continue
+        key = host_keys[node.index]
+        if node.index in _faulted(sandbox, "ssh-hostkey-changed"):
+            key = _keygen(state / "nodes" / node.hostname / "previous_host_key")
+        known.append((node, key))
+    _write(state / "known_hosts", files.known_hosts_text(known))
+    _write(state / "ssh_config", files.ssh_config_text(sandbox.nodes, state))
+    _write(state / "hostfile", files.hostfile_text(sandbox.nodes, sandbox.slots))
+    _write(
+        sandbox.cluster_file,
+        files.cluster_yaml_text(sandbox.nodes, state, sandbox.slots, sandbox.master_port),
+    )
+
+
+def _apply_network_faults(sandbox: Sandbox) -> None:
+    for fault in sandbox.faults:
+        node = sandbox.node(fault.node)
+        ns = node.netns
+        if fault.name in ("firewall-blocks-ports", "firewall-ssh-only"):
+            for rule in firewall_rules(fault.name, sandbox.master_port):
+                netns.run(netns.in_netns(ns, ["iptables", *rule]))
+        elif fault.name == "slow-link":
+            shape = ["root", "tbf", "rate", SLOW_LINK_RATE, "burst", "64kb", "latency", "100ms"]
+            netns.run(["tc", "-n", ns, "qdisc", "add", "dev", node.ifname, *shape])
+            netns.run(["tc", "qdisc", "add", "dev", node.host_veth, *shape])
+        elif fault.name == "mtu-mismatch":
+            netns.run(["ip", "-n", ns, "link", "set", node.ifname, "mtu", str(SMALL_MTU)])
+        elif fault.name == "node-down":
+            netns.run(["ip", "-n", ns, "link", "set", node.ifname, "down"])
+        elif fault.name == "decoy-iface":
+            netns.run(
+                [
+                    "ip",
+                    "-n",
+                    ns,
+                    "link",
+                    "add",
+                    DECOY_IFACE,
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    "docker0-peer",
+                ]
+            )
+            netns.run(["ip", "-n", ns, "addr", "add", DECOY_ADDR, "dev", DECOY_IFACE])
+            netns.run(["ip", "-n", ns, "link", "set", "docker0-peer", "up"])
+            netns.run(["ip", "-n", ns, "link", "set", DECOY_IFACE, "up"])
+
+
+def _start_sshds(sandbox: Sandbox) -> None:
+    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation dir
+    down_nodes = _faulted(sandbox, "node-down")
+    starting = []
+    for node in sandbox.nodes:
+        if node.index in down_nodes:
+            continue
+        node_dir = sandbox.state_dir / "nodes" / node.hostname
+        # Own UTS namespace: every ssh session into the node sees its hostname.
+        script = 'hostname "$1" && exec "$2" -f "$3" -E "$4"'
+        argv = netns.in_netns(
+            node.netns,
+            [
+                "unshare",
+                "--uts",
+                "sh",
+                "-c",
+                script,
+                "sh",
+                node.hostname,
+                netns.SSHD,
+                str(node_dir / "sshd_config"),
+                str(node_dir / "sshd.log"),
+            ],
+        )
+        starting.append(
+            (
+                node,
+                subprocess.Popen(argv, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True),
+            )
+        )
+    for node, proc in starting:
+        _, err = proc.communicate(timeout=_SSHD_START_TIMEOUT_S)
+        if proc.returncode != 0:
+            raise SandboxError(
+                f"sshd on {node.hostname} did not start: {err.strip()}",
+                f"see {sandbox.state_dir}/nodes/{node.hostname}/sshd.log",
+            )
+    deadline = time.monotonic() + _SSHD_START_TIMEOUT_S
+    waiting = [node for node, _ in starting]
+    while waiting:
+        waiting = [node for node in waiting if not _port_open(node.address, 22)]
+        if waiting and time.monotonic() > deadline:
+            names = ", ".join(n.hostname for n in waiting)
+            raise SandboxError(
+                f"sshd on {names} not listening after {_SSHD_START_TIMEOUT_S} s",
+                f"see the sshd.log files under {sandbox.state_dir}/nodes",
+            )
+        time.sleep(0.05)
+
+
+def _port_open(address: str, port: int) -> bool:
+    try:
+        with socket.create_connection((address, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+_PORT_HOLDER = (
+    "import socket, sys, time\n"
+    "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+    "s.bind(('0.0.0.0', int(sys.argv[1]))); s.listen(8)\n"
+    "print('ready', flush=True)\n"
+    "while True: time.sleep(3600)\n"
+)
+
+
+def _start_port_holders(sandbox: Sandbox) -> None:
+    """The 'leftover process from the last run' that holds the master port (seed 000 §5.3)."""
+    for index in _faulted(sandbox, "port-in-use"):
+        argv = sandbox.exec_argv(index, ["python3", "-c", _PORT_HOLDER, str(sandbox.master_port)])
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            text=True,
+        )
+        if proc.stdout.readline().strip() != "ready":
+            raise SandboxError("the port-in-use fault could not bind the master port", "retry")
+        proc.stdout.close()
+
+
+# ----------------------------------------------------------------------------- down, status
+
+
+def down(name: str = DEFAULT_NAME) -> list[str]:
+    """Remove everything `up` made for this name; returns what was removed. Safe to repeat."""
+    netns.require_root_and_netns()
+    _check_name(name)
+    removed: list[str] = []
+    sandbox = None
+    try:
+        sandbox = load(name)
+    except SandboxError:
+        pass  # unreadable state: clean up by name prefix below
+    if sandbox is not None and sandbox.cluster_file.exists():
+        _close_client_connections(sandbox)
+    prefix = f"tf-{name}-"
+    for ns in netns.netns_list():
+        if ns.startswith(prefix):
+            netns.kill_netns_processes(ns)
+            netns.run(["ip", "netns", "del", ns])
+            removed.append(f"netns {ns}")
+    for link in netns.links_with_prefix(f"tv-{name}-"):
+        netns.run(["ip", "link", "del", link], check=False)
+        removed.append(f"link {link}")
+    bridge = f"tfbr-{name}"
+    if netns.link_exists(bridge):
+        netns.run(["ip", "link", "del", bridge])
+        removed.append(f"bridge {bridge}")
+    for etc in Path("/etc/netns").glob(f"{prefix}*"):
+        shutil.rmtree(etc, ignore_errors=True)
+        removed.append(str(etc))
+    state_dir = state_root() / name
+    if state_dir.exists():
+        shutil.rmtree(state_dir)
+        removed.append(str(state_dir))
+    return removed
+
+
+def _close_client_connections(sandbox: Sandbox) -> None:
+    from trainfleet.cluster import load_cluster
+    from trainfleet.remote import close_connections
+
+    try:
+        close_connections(load_cluster(cluster_file=str(sandbox.cluster_file)).nodes)
+    except Exception:  # best effort: the masters also exit once their peer is gone
+        pass
+
+
+@dataclass(frozen=True, slots=True)
+class NodeStatus:
+    node: files.SandboxNode
+    netns_present: bool
+    sshd_running: bool
+    faults: tuple[str, ...]
+
+    def to_json(self) -> dict:
+        return {
+            **self.node.to_json(),
+            "netns": self.netns_present,
+            "sshd": self.sshd_running,
+            "faults": list(self.faults),
+        }
+
+
+def status(name: str = DEFAULT_NAME) -> tuple[Sandbox, list[NodeStatus]] | None:
+    """The recorded sandbox and each node's live state, or None when it is not up."""
+    sandbox = load(name)
+    if sandbox is None:
+        return None
+    present = set(netns.netns_list())
+    result = []
+    for node in sandbox.nodes:
+        pid_file = sandbox.state_dir / "nodes" / node.hostname / "sshd.pid"
+        try:
+            pid = int(pid_file.read_text().strip())
+        except (OSError, ValueError):
+            pid = None
+        result.append(
+            NodeStatus(
+                node=node,
+                netns_present=node.netns in present,
+                sshd_running=netns.pid_alive(pid) and pid in netns.netns_pids(node.netns),
+                faults=tuple(f.name for f in sandbox.faults if f.node == node.index),
+            )
+        )
+    return sandbox, result
