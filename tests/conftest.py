@@ -1,0 +1,55 @@
+"""Test tiers: `unit` (no root, no network) and `cluster` (root + `ip netns`: a real sandbox).
+
+A cluster test on a machine without root or `ip netns` is skipped with the reason; CI runs as
+root, so both tiers run there. The `make_sandbox` fixture always takes its sandboxes down,
+also when the test fails.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import subprocess
+
+import pytest
+
+
+def _cluster_tier_missing() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root (network namespaces, sshd): run as root, e.g. in CI"
+    for tool in ("ip", "ssh", "iptables", "tc"):
+        if shutil.which(tool) is None:
+            return f"needs `{tool}`: apt-get install openssh-client iproute2 iptables"
+    if not os.access("/usr/sbin/sshd", os.X_OK):
+        return "needs sshd: apt-get install openssh-server"
+    if subprocess.run(["ip", "netns", "list"], capture_output=True).returncode != 0:
+        return "`ip netns` does not work on this machine"
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    missing = _cluster_tier_missing()
+    for item in items:
+        if "cluster" in item.keywords and missing:
+            item.add_marker(pytest.mark.skip(reason=f"cluster tier: {missing}"))
+
+
+_names = itertools.count(1)
+
+
+@pytest.fixture
+def make_sandbox():
+    """make_sandbox(nodes=3, faults=[...]) -> Sandbox; all of them are down after the test."""
+    from trainfleet import sandbox
+
+    made: list[str] = []
+
+    def _make(**kwargs):
+        name = f"t{os.getpid() % 100000}{next(_names)}"[:8]
+        made.append(name)
+        return sandbox.up(name=name, **kwargs)
+
+    yield _make
+    for name in made:
+        sandbox.down(name)

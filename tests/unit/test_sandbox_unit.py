@@ -1,0 +1,122 @@
+"""Sandbox pieces that need no root: fault parsing, node planning, generated files, errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from trainfleet.cluster import parse_cluster_yaml, parse_hostfile
+from trainfleet.errors import SandboxError
+from trainfleet.sandbox import FAULTS, faults, files, lifecycle
+
+pytestmark = pytest.mark.unit
+
+HOSTS = ["gpu-node-1", "gpu-node-2", "gpu-node-3"]
+PITFALL_IDS = (
+    {
+        line.split("`")[1]
+        for line in (Path(__file__).parents[3] / "shared" / "PITFALLS.md").read_text().splitlines()
+        if line.startswith("| `")
+    }
+    if (Path(__file__).parents[3] / "shared" / "PITFALLS.md").exists()
+    else set()
+)
+
+
+def test_fault_defaults_and_explicit_nodes():
+    assert faults.parse_fault("port-in-use", HOSTS) == faults.Fault("port-in-use", 1)
+    assert faults.parse_fault("slow-link", HOSTS) == faults.Fault("slow-link", 3)
+    assert faults.parse_fault("slow-link@2", HOSTS).node == 2
+    assert faults.parse_fault("mtu-mismatch@gpu-node-2", HOSTS).node == 2
+
+
+@pytest.mark.parametrize("text", ["no-such-fault", "slow-link@9", "slow-link@0", "slow-link@x"])
+def test_bad_faults_are_clear_errors(text):
+    with pytest.raises(SandboxError) as err:
+        faults.parse_fault(text, HOSTS)
+    assert err.value.fix
+
+
+@pytest.mark.skipif(not PITFALL_IDS, reason="../shared/PITFALLS.md not beside the checkout")
+def test_every_fault_maps_to_a_catalogued_pitfall():
+    assert {kind.pitfall_id for kind in FAULTS.values()} <= PITFALL_IDS
+
+
+def test_firewall_rules_pass_ssh_and_master_port_only_for_the_ports_fault():
+    ports = faults.firewall_rules("firewall-blocks-ports", 29500)
+    ssh_only = faults.firewall_rules("firewall-ssh-only", 29500)
+    accepted = lambda rules: {r[r.index("--dport") + 1] for r in rules if "--dport" in r}  # noqa: E731
+    assert accepted(ports) == {"22", "29500"}
+    assert accepted(ssh_only) == {"22"}
+    assert ports[-1][-2:] == ["-j", "DROP"] and "--syn" in ports[-1]
+
+
+def test_plan_nodes_names_addresses_and_interfaces():
+    nodes = lifecycle._plan_nodes("x", 3, ["ens14f0", "ens14f1", "ens14f2"], "10.9.9.0/24")
+    assert [n.hostname for n in nodes] == HOSTS
+    assert [n.ifname for n in nodes] == ["ens14f0", "ens14f1", "ens14f2"]
+    assert len({n.address for n in nodes}) == 3
+    assert all(len(n.host_veth) <= 15 for n in nodes)  # Linux interface name limit
+    one_name = lifecycle._plan_nodes("x", 2, ["eth1"], "10.9.9.0/24")
+    assert [n.ifname for n in one_name] == ["eth1", "eth1"]
+    assert [n.ifname for n in lifecycle._plan_nodes("x", 2, [], "10.9.9.0/24")] == ["eth0", "eth0"]
+
+
+@pytest.mark.parametrize(
+    "count,ifnames",
+    [(0, []), (201, []), (3, ["a", "b"]), (1, ["bad;name"]), (1, ["docker0"]), (1, ["lo"])],
+)
+def test_plan_nodes_rejects_bad_input(count, ifnames):
+    with pytest.raises(SandboxError):
+        lifecycle._plan_nodes("x", count, ifnames, "10.9.9.0/24")
+
+
+@pytest.mark.parametrize("name", ["", "UPPER", "toolongname", "a-b", "a;b"])
+def test_bad_sandbox_names(name):
+    with pytest.raises(SandboxError):
+        lifecycle._check_name(name)
+
+
+def test_not_root_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(lifecycle.netns.os, "geteuid", lambda: 1000)
+    with pytest.raises(SandboxError) as err:
+        lifecycle.up(nodes=2)
+    assert "root" in err.value.what and "sudo" in err.value.fix
+
+
+def test_written_specs_load_back_as_the_same_cluster(tmp_path):
+    nodes = lifecycle._plan_nodes("x", 2, ["ens14f0", "ens14f1"], "10.9.9.0/24")
+    cluster = parse_cluster_yaml(
+        files.cluster_yaml_text(nodes, tmp_path, slots=2, master_port=29501),
+        str(tmp_path / "cluster.yaml"),
+    )
+    assert [n.host for n in cluster.nodes] == ["gpu-node-1", "gpu-node-2"]
+    assert cluster.master == "gpu-node-1" and cluster.master_port == 29501
+    assert all(n.slots == 2 for n in cluster.nodes)
+    ssh = cluster.nodes[0].ssh
+    assert ssh.identity_file == str(tmp_path / "id_ed25519")
+    assert ssh.known_hosts_file == str(tmp_path / "known_hosts")
+    assert ssh.config_file == str(tmp_path / "ssh_config")
+    pool = parse_hostfile(files.hostfile_text(nodes, slots=2))
+    assert {h: s for h, (s, _) in pool.items()} == {"gpu-node-1": 2, "gpu-node-2": 2}
+    doc = yaml.safe_load(files.cluster_yaml_text(nodes, tmp_path, 1, 29500))
+    assert doc["ssh"]["user"] == "root"
+
+
+def test_hosts_file_with_loopback_fault_maps_only_own_name_to_127_0_1_1():
+    nodes = lifecycle._plan_nodes("x", 2, [], "10.9.9.0/24")
+    faulty = files.etc_hosts_text(nodes, nodes[1], loopback_self=True)
+    healthy = files.etc_hosts_text(nodes, nodes[0], loopback_self=False)
+    assert "127.0.1.1\tgpu-node-2" in faulty and f"{nodes[1].address}\tgpu-node-2" not in faulty
+    assert f"{nodes[1].address}\tgpu-node-2" in healthy and "127.0.1.1" not in healthy
+
+
+def test_sshd_config_without_trust_points_at_no_key(tmp_path):
+    node = lifecycle._plan_nodes("x", 1, [], "10.9.9.0/24")[0]
+    trusted = files.sshd_config_text(node, tmp_path, trust=True)
+    untrusted = files.sshd_config_text(node, tmp_path, trust=False)
+    assert f"AuthorizedKeysFile {tmp_path / 'authorized_keys'}" in trusted
+    assert "AuthorizedKeysFile /nonexistent" in untrusted
+    assert f"ListenAddress {node.address}" in trusted and "PasswordAuthentication no" in trusted
