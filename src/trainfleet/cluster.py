@@ -223,10 +223,12 @@ def parse_hostfile(text: str, source: str = "hostfile") -> dict[str, tuple[int, 
             continue
         match = _HOSTFILE_LINE.search(line)
         if not match:
+            meta = _metachars(line.replace(" ", "").replace("\t", ""))
             raise SpecError(
                 source,
                 lineno,
-                f"bad entry {line!r}",
+                f"bad entry {line!r}"
+                + (f" (it holds shell metacharacters {meta}; nothing was run)" if meta else ""),
                 "each line is `HOST slots=N` (DeepSpeed/MPI hostfile), a `#` comment or blank",
             )
         host = check_host(match.group(1), source, lineno)

@@ -56,9 +56,9 @@ class Failure(enum.Enum):
     def pitfall_id(self) -> str | None:
         return _PITFALL_IDS.get(self)
 
-    @property
-    def fix(self) -> str:
-        return _FIXES.get(self, "")
+    def fix(self, host: str) -> str:
+        """What to do about it on `host`; empty for NONE and COMMAND_FAILED."""
+        return _FIXES.get(self, "").format(host=host)
 
     @property
     def is_connection_failure(self) -> bool:
@@ -79,20 +79,21 @@ _PITFALL_IDS = {
 }
 
 _FIXES = {
-    Failure.REFUSED: "nothing listens on the ssh port: start sshd there, or fix the port",
-    Failure.CONNECT_TIMEOUT: "check the address, that the node is up, and that a firewall "
+    Failure.REFUSED: "nothing listens on {host}'s ssh port: start sshd there, or fix the port",
+    Failure.CONNECT_TIMEOUT: "check {host}'s address, that it is up, and that a firewall "
     "lets port 22 through",
-    Failure.NO_ROUTE: "check the address and that the node is up and on this network",
-    Failure.DNS: "add the name to /etc/hosts or ~/.ssh/config (HostName), or use the address",
-    Failure.SSH_ERROR: "run `ssh -v HOST true` to see where the connection stops",
-    Failure.AUTH: "run `trainfleet setup ssh`, or `ssh-copy-id HOST` for this node",
-    Failure.HOSTKEY_UNKNOWN: "check the fingerprint, then `ssh-keyscan HOST >> ~/.ssh/known_hosts`"
-    " (or `trainfleet setup ssh`)",
-    Failure.HOSTKEY_CHANGED: "if the node was reinstalled, confirm its new fingerprint, then "
-    "`ssh-keygen -R HOST`",
-    Failure.HOSTKEY_ALGO: "add `HostKeyAlgorithms +ssh-rsa` for this host in ~/.ssh/config, "
+    Failure.NO_ROUTE: "check {host}'s address and that it is up and on this network",
+    Failure.DNS: "add {host} to /etc/hosts or ~/.ssh/config (HostName), or use its address",
+    Failure.SSH_ERROR: "run `ssh -v {host} true` to see where the connection stops",
+    Failure.AUTH: "`ssh-copy-id {host}` (or add this machine's public key to the node's "
+    "~/.ssh/authorized_keys)",
+    Failure.HOSTKEY_UNKNOWN: "check its fingerprint (`ssh-keyscan {host} | ssh-keygen -lf -`), "
+    "then `ssh-keyscan {host} >> ~/.ssh/known_hosts`",
+    Failure.HOSTKEY_CHANGED: "if {host} was reinstalled, confirm its new fingerprint, then "
+    "`ssh-keygen -R {host}`",
+    Failure.HOSTKEY_ALGO: "add `HostKeyAlgorithms +ssh-rsa` for {host} in ~/.ssh/config, "
     "or give the node new host keys",
-    Failure.TIMED_OUT: "the command ran longer than --timeout; raise it or check the node",
+    Failure.TIMED_OUT: "the command ran longer than --timeout; raise it or check {host}",
 }
 
 # ssh's own messages, first match wins (the hostkey-changed banner comes with
@@ -159,6 +160,7 @@ class NodeResult:
             "returncode": self.returncode,
             "failure": self.failure.name.lower(),
             "pitfall_id": self.failure.pitfall_id,
+            "fix": self.failure.fix(self.node),
             "duration_s": round(self.duration_s, 3),
             "stdout": self.stdout,
             "stderr": self.stderr,

@@ -66,7 +66,7 @@ def _print_summary(results: list[NodeResult]) -> None:
         return
     print(f"trainfleet exec: {len(failed)} of {len(results)} nodes failed:", file=sys.stderr)
     for names, (reason, pitfall, fix) in fold_groups(
-        {r.node: (r.reason(), r.failure.pitfall_id, r.failure.fix) for r in failed}
+        {r.node: (r.reason(), r.failure.pitfall_id, r.failure.fix(r.node)) for r in failed}
     ):
         tag = f" [{pitfall}]" if pitfall else ""
         print(f"  {names}: {reason}{tag}", file=sys.stderr)

@@ -53,6 +53,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     up.add_argument("--subnet", help="IPv4 /24 for the nodes (default: derived from --name)")
     up.add_argument("--master-port", type=int, default=29500)
+    up.add_argument(
+        "--login-shell",
+        metavar="PATH",
+        help="root's login shell on the nodes (e.g. /bin/sh: skip ~/.bashrc; default: unchanged)",
+    )
     for p in (
         up,
         sub.add_parser("down", help="remove everything `up` made"),
@@ -71,6 +76,7 @@ def _run_up(args: argparse.Namespace) -> int:
         faults=args.fault,
         subnet=args.subnet,
         master_port=args.master_port,
+        login_shell=args.login_shell,
     )
     if args.json:
         print(json.dumps(box.to_json(), indent=2))

@@ -64,6 +64,8 @@ class Sandbox:
     faults: list[Fault] = field(default_factory=list)
     slots: int = 1
     master_port: int = DEFAULT_MASTER_PORT
+    login_shell: str | None = None
+    """root's login shell on the nodes; None keeps this machine's (and its ~/.bashrc)."""
 
     @property
     def cluster_file(self) -> Path:
@@ -96,6 +98,7 @@ class Sandbox:
             "bridge": self.bridge,
             "slots": self.slots,
             "master_port": self.master_port,
+            "login_shell": self.login_shell,
             "faults": [str(f) for f in self.faults],
             "nodes": [n.to_json() for n in self.nodes],
             "cluster_file": str(self.cluster_file),
@@ -113,6 +116,7 @@ class Sandbox:
             bridge=data["bridge"],
             slots=data["slots"],
             master_port=data["master_port"],
+            login_shell=data.get("login_shell"),
             faults=[parse_fault(f, hostnames) for f in data["faults"]],
             nodes=[files.SandboxNode(**n) for n in data["nodes"]],
         )
@@ -196,8 +200,15 @@ def up(
     faults: Sequence[str] = (),
     subnet: str | None = None,
     master_port: int = DEFAULT_MASTER_PORT,
+    login_shell: str | None = None,
 ) -> Sandbox:
-    """Create the sandbox; on any failure, remove whatever was made and raise."""
+    """Create the sandbox; on any failure, remove whatever was made and raise.
+
+    `login_shell` (e.g. /bin/sh) replaces root's shell on the nodes, so that commands skip this
+    machine's ~/.bashrc; for benchmarks, where all nodes share this machine's cores.
+    """
+    if login_shell is not None and not os.access(login_shell, os.X_OK):
+        raise SandboxError(f"login shell {login_shell} is not an executable", "use e.g. /bin/sh")
     netns.require_root_and_netns()
     _check_name(name)
     if load(name) is not None or any(ns.startswith(f"tf-{name}-") for ns in netns.netns_list()):
@@ -218,6 +229,7 @@ def up(
         faults=parsed,
         slots=slots,
         master_port=master_port,
+        login_shell=login_shell,
     )
     try:
         _build(sandbox)
@@ -279,6 +291,8 @@ def _build(sandbox: Sandbox) -> None:
             Path("/etc/netns") / ns / "hosts",
             files.etc_hosts_text(sandbox.nodes, node, loopback_self=loopback),
         )
+        if sandbox.login_shell:
+            _write(Path("/etc/netns") / ns / "passwd", _passwd_with_root_shell(sandbox.login_shell))
         trust = node.index not in _faulted(sandbox, "ssh-auth-failed")
         _write(node_dir / "sshd_config", files.sshd_config_text(node, state, trust=trust))
 
@@ -286,6 +300,14 @@ def _build(sandbox: Sandbox) -> None:
     _apply_network_faults(sandbox)
     _start_sshds(sandbox)
     _start_port_holders(sandbox)
+
+
+def _passwd_with_root_shell(shell: str) -> str:
+    lines = Path("/etc/passwd").read_text().splitlines()
+    return "".join(
+        (":".join([*ln.split(":")[:6], shell]) if ln.startswith("root:") else ln) + "\n"
+        for ln in lines
+    )
 
 
 def _write_client_files(sandbox: Sandbox, host_keys: dict[int, str]) -> None:
