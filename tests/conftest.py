@@ -46,7 +46,7 @@ def make_sandbox():
     made: list[str] = []
 
     def _make(**kwargs):
-        name = f"t{os.getpid() % 100000}{next(_names)}"[:8]
+        name = f"t{os.getpid() % 1000:03d}{next(_names):04d}"  # unique, 8 chars
         made.append(name)
         return sandbox.up(name=name, **kwargs)
 
