@@ -28,20 +28,27 @@ from trainfleet.spec_yaml import LineDict, LineList, load_yaml_with_lines
 DEFAULT_MASTER_PORT = 29500
 """torchrun's and DeepSpeed's default rendezvous port."""
 
+DEFAULT_CONNECT_TIMEOUT = 10
+"""Seconds for ssh's TCP connect + handshake when the spec does not say."""
+
 LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 """Names that mean this machine; such a node runs commands without ssh."""
 
 # Letters, digits and the few punctuation marks that host names, ssh aliases and IPv4/IPv6
 # addresses use. No shell metacharacter, no whitespace, no leading '-' (ssh would read an option).
-_HOST_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:%-]*$")
-_USER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
-_IFACE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:@-]{0,14}$")
-_ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Every pattern ends in \Z, not $: `$` would also accept a value ending in a newline.
+_HOST_RE = re.compile(r"[A-Za-z0-9_:][A-Za-z0-9_.:%-]*\Z")
+_USER_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\Z")
+_IFACE_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:@-]{0,14}\Z")
+_ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # Paths that reach a remote shell (python, workdir): absolute or ~, no metacharacters.
-_PATH_RE = re.compile(r"^[A-Za-z0-9_./~+,=@%:-]+$")
+_PATH_RE = re.compile(r"[A-Za-z0-9_./~+,=@%:-]+\Z")
+_SLOTS_RE = re.compile(r"[0-9]{1,6}\Z")  # ASCII digits only: str.isdigit() accepts '²'
+MAX_SLOTS = 4096
 _SHELL_META = set(";&|<>()$`\\\"' \t\n*?[]{}!#~")
 
-_HOSTFILE_LINE = re.compile(r"^(\S+)\s+slots=(\d+)")  # DeepSpeed runner.py `_parse_hostfile`
+# DeepSpeed runner.py `_parse_hostfile` uses `^(\S+)\s+slots=(\d+)`; ASCII digits here.
+_HOSTFILE_LINE = re.compile(r"^(\S+)\s+slots=([0-9]+)")
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -61,8 +68,9 @@ class SshOptions:
     """ssh config file used instead of ~/.ssh/config (`ssh -F`)."""
     options: tuple[str, ...] = ()
     """Extra ssh arguments, passed before trainfleet's own (OpenSSH keeps the first value)."""
-    connect_timeout: int = 10
-    """Seconds to wait for the TCP connect + ssh handshake before calling a node unreachable."""
+    connect_timeout: int | None = None
+    """Seconds to wait for the TCP connect + ssh handshake before calling a node unreachable
+    (None: DEFAULT_CONNECT_TIMEOUT)."""
 
     def merged_over(self, base: SshOptions) -> SshOptions:
         """These per-node options on top of cluster-wide `base`; node options come first."""
@@ -74,7 +82,7 @@ class SshOptions:
             config_file=self.config_file or base.config_file,
             options=self.options + base.options,
             connect_timeout=self.connect_timeout
-            if self.connect_timeout != SshOptions.connect_timeout
+            if self.connect_timeout is not None
             else base.connect_timeout,
         )
 
@@ -141,7 +149,7 @@ def check_host(host: str, source: str, line: int | None) -> str:
     """Reject a host that is empty, starts with '-' or holds shell metacharacters."""
     if not host:
         raise SpecError(source, line, "empty host name", "write a host name or address")
-    if _HOST_RE.match(host):
+    if isinstance(host, str) and _HOST_RE.match(host):
         return host
     if host.startswith("-"):
         problem = f"host name {host!r} starts with '-' (ssh would read it as an option)"
@@ -210,6 +218,19 @@ def _check_env(value: Any, source: str, line: int) -> dict[str, str]:
 # ----------------------------------------------------------------------------- hostfile
 
 
+def _parse_slots(text: str, source: str, line: int | None, host: str) -> int:
+    slots = int(text) if _SLOTS_RE.match(text) else -1
+    if not 1 <= slots <= MAX_SLOTS:
+        shown = text if len(text) <= 12 else text[:12] + "..."
+        raise SpecError(
+            source,
+            line,
+            f"slots for {host!r} must be a number in 1..{MAX_SLOTS}, got {shown!r}",
+            f"write e.g. `{host} slots=8`",
+        )
+    return slots
+
+
 def parse_hostfile(text: str, source: str = "hostfile") -> dict[str, tuple[int, int]]:
     """Hosts and slots, in file order, read as DeepSpeed's runner reads them.
 
@@ -232,11 +253,7 @@ def parse_hostfile(text: str, source: str = "hostfile") -> dict[str, tuple[int, 
                 "each line is `HOST slots=N` (DeepSpeed/MPI hostfile), a `#` comment or blank",
             )
         host = check_host(match.group(1), source, lineno)
-        slots = int(match.group(2))
-        if slots <= 0:
-            raise SpecError(
-                source, lineno, f"slots must be > 0, got {slots}", f"write `{host} slots=8`"
-            )
+        slots = _parse_slots(match.group(2), source, lineno, host)
         if host in pool:
             raise SpecError(
                 source,
@@ -265,7 +282,7 @@ def _parse_node_specs(spec: str, flag: str) -> dict[str, list[int]]:
         slots: list[int] = []
         if sep:
             for item in slot_text.split(","):
-                if not item.isdigit():
+                if not _SLOTS_RE.match(item):
                     raise SpecError(
                         flag,
                         None,
@@ -358,13 +375,15 @@ def _parse_ssh(raw: Any, source: str, line: int, base_dir: Path) -> SshOptions:
         elif key == "connect_timeout":
             values[key] = _check_int(value, "ssh connect_timeout", source, at, 1, 3600)
         elif key == "options":
-            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            if not isinstance(value, list) or not all(
+                isinstance(v, str) and "\0" not in v for v in value
+            ):
                 raise SpecError(
                     source, at, "ssh options must be a list of strings", 'write ["-o", "K=V"]'
                 )
             values[key] = tuple(value)
         else:
-            if not isinstance(value, str) or not value:
+            if not isinstance(value, str) or not value or "\0" in value:
                 raise SpecError(source, at, f"ssh {key} must be a path", f"set ssh {key}")
             values[key] = _resolve_path(value, base_dir)
     return SshOptions(**values)
@@ -446,7 +465,7 @@ def parse_cluster_yaml(text: str, source: str = "cluster.yaml") -> Cluster:
         )
 
     master = doc.get("master", nodes[0].host)
-    if master not in seen:
+    if not isinstance(master, str) or master not in seen:
         raise SpecError(
             source,
             doc.line_of("master"),
@@ -499,14 +518,13 @@ def _parse_hosts_flag(hosts: str) -> list[tuple[str, int]]:
     entries = []
     for item in hosts.split(","):
         item = item.strip()
-        host, sep, slots = item.rpartition(":")
-        # `host:8` names slots; an IPv6 literal (several ':') never does.
-        if not sep or not slots.isdigit() or ":" in host:
-            host, slots = item, "1"
+        host, sep, slots_text = item.rpartition(":")
+        if not sep or ":" in host:  # no slots given, or an IPv6 literal (several ':')
+            host, slots = item, 1
+        else:
+            slots = _parse_slots(slots_text, "--hosts", None, host)
         check_host(host, "--hosts", None)
-        if int(slots) <= 0:
-            raise SpecError("--hosts", None, f"slots for {host!r} must be > 0", f"write {host}:8")
-        entries.append((host, int(slots)))
+        entries.append((host, slots))
     if len({h for h, _ in entries}) != len(entries):
         raise SpecError("--hosts", None, "a host appears twice", "name each node once")
     return entries

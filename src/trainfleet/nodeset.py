@@ -22,7 +22,8 @@ def _ranges(numbers: list[tuple[int, str]]) -> str:
     parts: list[str] = []
     start = prev = numbers[0]
     for item in numbers[1:]:
-        if item[0] == prev[0] + 1 and len(item[1]) == len(prev[1]):
+        padded = item[1].startswith("0") or prev[1].startswith("0")
+        if item[0] == prev[0] + 1 and (len(item[1]) == len(prev[1]) or not padded):
             prev = item
             continue
         parts.append(start[1] if start == prev else f"{start[1]}-{prev[1]}")

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainfleet.cluster import Node, SshOptions
+from trainfleet.cluster import DEFAULT_CONNECT_TIMEOUT, Node, SshOptions
 from trainfleet.errors import RemoteError
 
 CONTROL_PERSIST_S = 60
@@ -196,7 +196,7 @@ def ssh_base_argv(host: str, ssh: SshOptions, *, multiplex: bool = True) -> list
         # Never prompt: a password or host-key question would hang a parallel run silently.
         "-oBatchMode=yes",
         # A dead or firewalled node is reported in seconds, not after the kernel's 2 minutes.
-        f"-oConnectTimeout={ssh.connect_timeout}",
+        f"-oConnectTimeout={ssh.connect_timeout or DEFAULT_CONNECT_TIMEOUT}",
         # A node that dies mid-command is noticed within 15 s.
         "-oServerAliveInterval=5",
         "-oServerAliveCountMax=3",
@@ -232,21 +232,27 @@ LineCallback = Callable[[str, str, str], None]
 """on_line(node, stream, line): stream is 'stdout' or 'stderr'; line has no trailing newline."""
 
 
+_READ_CHUNK = 1 << 16
+
+
 async def _pump(
     stream: asyncio.StreamReader,
-    sink: list[str],
+    sink: bytearray,
     node: str,
     name: str,
     on_line: LineCallback | None,
 ) -> None:
-    while True:
-        raw = await stream.readline()
-        if not raw:
-            return
-        text = raw.decode("utf-8", errors="replace")
-        sink.append(text)
+    """Read a stream to EOF in chunks (no line-length limit); hand complete lines to on_line."""
+    pending = b""
+    while chunk := await stream.read(_READ_CHUNK):
+        sink += chunk
         if on_line is not None:
-            on_line(node, name, text.rstrip("\n"))
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for raw in lines:
+                on_line(node, name, raw.decode("utf-8", errors="replace"))
+    if on_line is not None and pending:
+        on_line(node, name, pending.decode("utf-8", errors="replace"))
 
 
 def _kill_group(proc: asyncio.subprocess.Process) -> None:
@@ -265,8 +271,8 @@ async def _run_one(
 ) -> NodeResult:
     cmd = node_argv(node, argv)
     start = time.monotonic()
-    out: list[str] = []
-    err: list[str] = []
+    out = bytearray()
+    err = bytearray()
     try:
         proc = await asyncio.create_subprocess_exec(
             *cmd,
@@ -307,11 +313,11 @@ async def _run_one(
     _, pending = await asyncio.wait(pumps, timeout=_DRAIN_AFTER_EXIT_S)
     for task in pending:
         task.cancel()
-    stderr = "".join(err)
+    stderr = err.decode("utf-8", errors="replace")
     return NodeResult(
         node=node.host,
         returncode=None if timed_out else proc.returncode,
-        stdout="".join(out),
+        stdout=out.decode("utf-8", errors="replace"),
         stderr=stderr,
         duration_s=time.monotonic() - start,
         failure=classify(proc.returncode, stderr, timed_out, via_ssh=not node.is_local),

@@ -77,10 +77,11 @@ _LineLoader.add_constructor("tag:yaml.org,2002:seq", _LineLoader.construct_seque
 
 
 def load_yaml_with_lines(text: str, source: str) -> Any:
-    """Parse `text`; YAML syntax errors become a SpecError naming `source` and the line."""
-    loader = _LineLoader(text)
-    loader.name = source
+    """Parse `text`; any YAML problem becomes a SpecError naming `source` (and the line)."""
+    loader = None
     try:
+        loader = _LineLoader(text)
+        loader.name = source
         return loader.get_single_data()
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
@@ -90,5 +91,13 @@ def load_yaml_with_lines(text: str, source: str) -> Any:
         ) from None
     except yaml.YAMLError as exc:
         raise SpecError(source, None, f"not valid YAML ({exc})", "fix the YAML syntax") from None
+    except RecursionError:
+        raise SpecError(source, None, "YAML nested too deeply", "flatten the document") from None
+    except (ValueError, TypeError, AttributeError, OverflowError) as exc:
+        # PyYAML's constructors raise these for values like `!!int x` or an impossible date.
+        raise SpecError(
+            source, None, f"a value cannot be read ({exc})", "fix or quote the value"
+        ) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()

@@ -1,0 +1,572 @@
+"""The node probe: a stdlib-only script sent over ssh stdin; prints one JSON fact sheet.
+
+    ssh node python3 - < probe.py      # (trainfleet appends the call to main(params))
+
+It never imports trainfleet: a node needs only python3 for doctor. In one run it gathers facts
+(names, interfaces, routes, listeners, firewall, limits, memory, disk, software, GPUs) and, at
+the same time, runs the active tests whose other end is the other nodes' probes: it listens on
+the ports the launch node chose for it, connects to every peer's ports, ssh's to every peer
+(itself included) and writes a token that peers look for (shared storage). Every peer starts
+at the same moment, so a connect refused means "not listening yet" and is retried until the
+deadline, while a timeout means a firewall dropped it. Python >= 3.8 syntax only: the node's
+python may be old.
+"""
+
+import base64
+import glob
+import hashlib
+import json
+import os
+import resource
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+PROBE_VERSION = 1
+ENV_PREFIXES = ("NCCL_", "GLOO_", "MASTER_", "TORCH_", "CUDA_", "DS_", "TP_SOCKET", "PDSH_")
+TOOLS = ("nvcc", "ninja", "torchrun", "deepspeed", "pdsh", "nvidia-smi", "gcc")
+PACKAGES = ("torch", "deepspeed", "transformers", "accelerate", "datasets", "peft")
+IMPORT_SCRIPT = r"""
+import json, sys
+out = {}
+try:
+    import torch
+    out["torch"] = torch.__version__
+    out["torch_cuda"] = torch.version.cuda
+    try:
+        nccl = torch.cuda.nccl.version() if torch.version.cuda else None
+        out["nccl"] = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else nccl
+    except Exception as exc:
+        out["nccl_error"] = repr(exc)
+    out["torch_distributed"] = torch.distributed.is_available()
+    out["gloo"] = torch.distributed.is_available() and torch.distributed.is_gloo_available()
+except Exception as exc:
+    out["torch_error"] = "%s: %s" % (type(exc).__name__, exc)
+for name in ("deepspeed", "transformers", "accelerate"):
+    try:
+        module = __import__(name)
+        out[name] = getattr(module, "__version__", "?")
+    except Exception as exc:
+        out[name + "_error"] = "%s: %s" % (type(exc).__name__, exc)
+print(json.dumps(out))
+"""
+
+
+def run(argv, timeout=5.0, env=None):
+    """(returncode, stdout, stderr) of argv; 127 when missing, 124 on timeout."""
+    try:
+        proc = subprocess.run(
+            argv, capture_output=True, text=True, timeout=timeout, env=env, stdin=subprocess.DEVNULL
+        )
+        return proc.returncode, proc.stdout, proc.stderr
+    except FileNotFoundError:
+        return 127, "", "not found"
+    except subprocess.TimeoutExpired:
+        return 124, "", "timed out after %s s" % timeout
+    except OSError as exc:
+        return 126, "", str(exc)
+
+
+def resolve(name):
+    try:
+        infos = socket.getaddrinfo(name, None, 0, socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        return {"error": str(exc)}
+    seen = []
+    for info in infos:
+        addr = info[4][0]
+        if addr not in seen:
+            seen.append(addr)
+    return {"addresses": seen}
+
+
+def interfaces():
+    code, out, err = run(["ip", "-j", "addr", "show"])
+    if code != 0:
+        return {"error": err.strip() or "ip -j addr failed"}
+    result = []
+    for link in json.loads(out or "[]"):
+        name = link.get("ifname")
+        kind_path = "/sys/class/net/%s/bridge" % name
+        result.append(
+            {
+                "name": name,
+                "state": link.get("operstate"),
+                "up": "UP" in link.get("flags", []),
+                "mtu": link.get("mtu"),
+                "link_type": link.get("link_type"),
+                "bridge": os.path.isdir(kind_path),
+                "ipv4": [
+                    "%s/%s" % (a["local"], a["prefixlen"])
+                    for a in link.get("addr_info", [])
+                    if a.get("family") == "inet"
+                ],
+                "ipv6": [
+                    "%s/%s" % (a["local"], a["prefixlen"])
+                    for a in link.get("addr_info", [])
+                    if a.get("family") == "inet6"
+                ],
+            }
+        )
+    return result
+
+
+def route_to(address):
+    if not address:
+        return None
+    code, out, err = run(["ip", "-j", "route", "get", address])
+    if code != 0:
+        return {"error": err.strip()}
+    routes = json.loads(out or "[]")
+    if not routes:
+        return {"error": "no route"}
+    return {
+        "dev": routes[0].get("dev"),
+        "src": routes[0].get("prefsrc"),
+        "gateway": routes[0].get("gateway"),
+    }
+
+
+def _socket_owners(inodes):
+    """pid owning each socket inode; scans /proc/*/fd, so only for the few inodes asked."""
+    owners = {}
+    for fd_dir in glob.glob("/proc/[0-9]*/fd"):
+        pid = fd_dir.split("/")[2]
+        try:
+            links = os.listdir(fd_dir)
+        except OSError:
+            continue
+        for fd in links:
+            try:
+                target = os.readlink(os.path.join(fd_dir, fd))
+            except OSError:
+                continue
+            if target.startswith("socket:[") and target[8:-1] in inodes:
+                owners.setdefault(target[8:-1], pid)
+                if len(owners) == len(inodes):
+                    return owners
+    return owners
+
+
+def _hex_addr(text):
+    host, port = text.split(":")
+    raw = bytes.fromhex(host)
+    if len(raw) == 4:
+        addr = socket.inet_ntop(socket.AF_INET, raw[::-1])
+    else:
+        words = b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4))
+        addr = socket.inet_ntop(socket.AF_INET6, words)
+    return addr, int(port, 16)
+
+
+def listening(owner_ports):
+    """Listening TCP sockets; the owning pid and command for those on `owner_ports`."""
+    entries = []
+    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = open(path).read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            parts = line.split()
+            if len(parts) > 9 and parts[3] == "0A":  # TCP_LISTEN
+                addr, port = _hex_addr(parts[1])
+                entries.append({"addr": addr, "port": port, "inode": parts[9]})
+    wanted = {e["inode"] for e in entries if e["port"] in owner_ports}
+    owners = _socket_owners(wanted) if wanted else {}
+    for entry in entries:
+        pid = owners.get(entry.pop("inode"))
+        entry["pid"] = int(pid) if pid else None
+        entry["cmd"] = None
+        if pid:
+            try:
+                raw = open("/proc/%s/cmdline" % pid, "rb").read()
+                entry["cmd"] = raw.replace(b"\0", b" ").decode(errors="replace").strip()[:300]
+            except OSError:
+                pass
+    return entries
+
+
+def firewall():
+    result = {}
+    for key, argv in (
+        ("iptables", ["iptables", "-S"]),
+        ("nft", ["nft", "list", "ruleset"]),
+        ("ufw", ["ufw", "status"]),
+        ("firewalld", ["firewall-cmd", "--state"]),
+    ):
+        code, out, err = run(argv)
+        if code != 127:
+            result[key] = {"rc": code, "out": out[-20000:], "err": err.strip()[-500:]}
+    return result
+
+
+def read_first(path, default=None):
+    try:
+        return open(path).read().strip()
+    except OSError:
+        return default
+
+
+def memory():
+    info = {}
+    for line in (read_first("/proc/meminfo", "") or "").splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("MemTotal", "MemAvailable"):
+            info[key] = int(rest.split()[0]) * 1024
+    return info
+
+
+def statvfs(path):
+    try:
+        st = os.statvfs(path)
+        return {"total": st.f_blocks * st.f_frsize, "free": st.f_bavail * st.f_frsize}
+    except OSError as exc:
+        return {"error": str(exc)}
+
+
+def limits():
+    out = {}
+    for key, which in (("memlock", resource.RLIMIT_MEMLOCK), ("nofile", resource.RLIMIT_NOFILE)):
+        soft, _ = resource.getrlimit(which)
+        out[key] = None if soft == resource.RLIM_INFINITY else soft
+    return out
+
+
+def _dist_infos():
+    """{normalized name: (version, path)} from the *.dist-info dirs on sys.path (no imports)."""
+    found = {}
+    for entry in sys.path:
+        try:
+            names = os.listdir(entry or ".")
+        except OSError:
+            continue
+        for name in names:
+            if name.endswith(".dist-info"):
+                dist, _, version = name[: -len(".dist-info")].partition("-")
+                key = dist.lower().replace("_", "-").replace(".", "-")
+                found.setdefault(key, (version, os.path.join(entry, name)))
+    return found
+
+
+def package_versions(dists):
+    versions = {name: dists[name][0] if name in dists else None for name in PACKAGES}
+    for wheel in ("nvidia-nccl-cu12", "nvidia-nccl-cu13", "nvidia-nccl-cu11"):
+        if wheel in dists:
+            versions["nccl_wheel"] = dists[wheel][0]
+    return versions
+
+
+def _install_key(dists):
+    stamp = [sys.executable, os.path.realpath(sys.executable)]
+    for name in PACKAGES:
+        version, path = dists.get(name, ("-", ""))
+        mtime = os.path.getmtime(path) if path else 0
+        stamp.append("%s=%s@%s" % (name, version, mtime))
+    return hashlib.sha256("|".join(stamp).encode()).hexdigest()[:24]
+
+
+def imports(timeout, versions, dists):
+    """Import the training stack in a subprocess; cached per interpreter + installed versions,
+    so N nodes on one shared install (or repeated runs) import it once."""
+    if not versions.get("torch") and not versions.get("deepspeed"):
+        return {"skipped": "no torch or deepspeed installed"}
+    cache_dir = os.path.join(os.path.expanduser("~"), ".cache", "trainfleet")
+    key = _install_key(dists)
+    cache = os.path.join(cache_dir, "imports-%s.json" % key)
+    lock = cache + ".lock"
+    deadline = time.time() + timeout + 5
+    while time.time() < deadline:
+        try:
+            with open(cache) as f:
+                result = json.load(f)
+                result["cached"] = True
+                return result
+        except (OSError, ValueError):
+            pass
+        try:
+            os.makedirs(cache_dir, exist_ok=True)
+            os.close(os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            break  # this probe imports; others on the same install wait for its result
+        except FileExistsError:
+            try:
+                if time.time() - os.path.getmtime(lock) > timeout + 10:
+                    os.unlink(lock)  # a probe died while importing
+            except OSError:
+                pass
+            time.sleep(0.2)
+        except OSError:
+            break  # read-only home: import without the cache
+    try:
+        code, out, err = run([sys.executable, "-c", IMPORT_SCRIPT], timeout=timeout)
+        if code == 0:
+            result = json.loads(out.strip().splitlines()[-1])
+        else:
+            result = {"import_error": (err.strip().splitlines() or ["exit %s" % code])[-1]}
+        if code == 0:
+            tmp = "%s.%d" % (cache, os.getpid())
+            with open(tmp, "w") as f:
+                json.dump(result, f)
+            os.replace(tmp, cache)
+        return result
+    except OSError:
+        return result if "result" in locals() else {"import_error": "cache write failed"}
+    finally:
+        try:
+            os.unlink(lock)
+        except OSError:
+            pass
+
+
+def gpus():
+    code, out, _ = run(
+        [
+            "nvidia-smi",
+            "--query-gpu=index,name,memory.total,driver_version",
+            "--format=csv,noheader,nounits",
+        ],
+        timeout=15,
+    )
+    if code == 127:
+        return None
+    if code != 0:
+        return {"error": "nvidia-smi exit %s" % code}
+    devices = []
+    for line in out.strip().splitlines():
+        index, name, mem, driver = [p.strip() for p in line.split(",")[:4]]
+        devices.append(
+            {"index": int(index), "name": name, "memory_mib": int(float(mem)), "driver": driver}
+        )
+    code, out, _ = run(
+        [
+            "nvidia-smi",
+            "--query-compute-apps=pid,process_name,used_memory,gpu_uuid",
+            "--format=csv,noheader,nounits",
+        ],
+        timeout=15,
+    )
+    apps = (
+        [
+            dict(zip(("pid", "name", "used_mib", "gpu"), [p.strip() for p in line.split(",")]))
+            for line in out.strip().splitlines()
+            if line.strip()
+        ]
+        if code == 0
+        else []
+    )
+    return {"devices": devices, "processes": apps}
+
+
+def infiniband():
+    devices = {}
+    for port_dir in glob.glob("/sys/class/infiniband/*/ports/*"):
+        parts = port_dir.split("/")
+        devices.setdefault(parts[4], {})[parts[6]] = {
+            "state": read_first(port_dir + "/state"),
+            "link_layer": read_first(port_dir + "/link_layer"),
+            "rate": read_first(port_dir + "/rate"),
+        }
+    return devices
+
+
+def code_hash(workdir, limit=2000):
+    digest = hashlib.sha256()
+    count = 0
+    for root, dirs, files in os.walk(workdir):
+        dirs[:] = sorted(
+            d
+            for d in dirs
+            if not d.startswith(".")
+            and d not in ("__pycache__", "node_modules", "venv", "runs", "outputs", "wandb")
+        )
+        for name in sorted(files):
+            if name.endswith((".py", ".sh", ".yaml", ".yml", ".json", ".toml")):
+                path = os.path.join(root, name)
+                try:
+                    if os.path.getsize(path) > 1 << 20:
+                        continue
+                    digest.update(path.encode() + b"\0" + open(path, "rb").read())
+                except OSError:
+                    continue
+                count += 1
+                if count >= limit:
+                    return {"sha256": digest.hexdigest(), "files": count, "truncated": True}
+    return {"sha256": digest.hexdigest(), "files": count}
+
+
+# ----------------------------------------------------------------------------- active tests
+
+
+class Listeners:
+    """Listens on the chosen ports and counts connections until `expected` or the deadline."""
+
+    def __init__(self, ports):
+        self.status = {}
+        self.sockets = []
+        self.accepted = 0
+        for port in ports:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                sock.bind(("0.0.0.0", port))
+                sock.listen(64)
+                sock.settimeout(0.1)
+                self.sockets.append(sock)
+                self.status[str(port)] = "listening"
+            except OSError as exc:
+                sock.close()
+                self.status[str(port)] = "bind failed: %s" % exc.strerror
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        if self.sockets:
+            self._thread.start()
+
+    def _serve(self):
+        while not self._stop.is_set():
+            for sock in self.sockets:
+                try:
+                    conn, _ = sock.accept()
+                    conn.close()
+                    self.accepted += 1
+                except OSError:
+                    pass
+
+    def close_when(self, expected, deadline):
+        while self.accepted < expected and time.time() < deadline:
+            time.sleep(0.05)
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        for sock in self.sockets:
+            sock.close()
+
+
+def tcp_check(address, port, deadline, attempt_timeout):
+    """'open', or why not: refused is retried until the deadline (the peer may not listen yet)."""
+    last = "timeout"
+    while True:
+        remaining = deadline - time.time()
+        if remaining <= 0:
+            return last
+        try:
+            socket.create_connection(
+                (address, port), timeout=min(attempt_timeout, remaining)
+            ).close()
+            return "open"
+        except socket.timeout:
+            return "timeout"
+        except ConnectionRefusedError:
+            last = "refused"
+        except OSError as exc:
+            if exc.errno == 113:
+                return "no-route"  # EHOSTUNREACH: icmp-host-prohibited (firewalld REJECT)
+            last = "error: %s" % (exc.strerror or exc)
+        time.sleep(0.1)
+
+
+def ssh_check(argv, timeout):
+    start = time.time()
+    code, _, err = run(argv, timeout=timeout)
+    return {"rc": code, "stderr": err.strip()[-600:], "seconds": round(time.time() - start, 3)}
+
+
+def active_tests(params, results):
+    """Threads for the outbound TCP and ssh tests; fills `results` in place."""
+    threads = []
+    deadline = time.time() + params["connect_timeout"]
+    tcp = results.setdefault("tcp", {})
+    ssh = results.setdefault("ssh", {})
+
+    def do_tcp(peer, port):
+        tcp.setdefault(peer["node"], {})[str(port)] = tcp_check(
+            peer["address"], port, deadline, params["connect_timeout"]
+        )
+
+    def do_ssh(peer):
+        ssh[peer["node"]] = ssh_check(peer["ssh_argv"], params["connect_timeout"] + 5)
+
+    for peer in params["peers"]:
+        if peer["node"] != params["node"]:
+            for port in peer["ports"]:
+                threads.append(threading.Thread(target=do_tcp, args=(peer, port)))
+        if peer.get("ssh_argv"):
+            threads.append(threading.Thread(target=do_ssh, args=(peer,)))
+    for thread in threads:
+        thread.start()
+    return threads
+
+
+def main(params):
+    started = time.time()
+    workdir = params.get("workdir") or os.getcwd()
+    me = params["node"]
+    active = {}
+    listeners = Listeners(params.get("listen_ports", []))
+    token_dir = os.path.join(workdir, ".trainfleet-doctor-%s" % params.get("run_id", "x"))
+    if params.get("peers"):
+        try:
+            os.makedirs(token_dir, exist_ok=True)
+            open(os.path.join(token_dir, me), "w").write(str(os.getpid()))
+            active["token"] = "written"
+        except OSError as exc:
+            active["token"] = "not written: %s" % (exc.strerror or exc)
+    threads = active_tests(params, active) if params.get("peers") else []
+
+    hostname = socket.gethostname()
+    dists = _dist_infos()
+    versions = package_versions(dists)
+    facts = {
+        "probe_version": PROBE_VERSION,
+        "node": me,
+        "time": time.time(),
+        "hostname": hostname,
+        "fqdn": socket.getfqdn(),
+        "resolve": {
+            name: resolve(name) for name in {hostname, params.get("master_name") or hostname}
+        },
+        "interfaces": interfaces(),
+        "route_to_master": route_to(params.get("master_addr")),
+        "listening": listening(set(params.get("owner_ports", []))),
+        "firewall": firewall(),
+        "ipv6_disabled": read_first("/proc/sys/net/ipv6/conf/all/disable_ipv6"),
+        "port_range": read_first("/proc/sys/net/ipv4/ip_local_port_range"),
+        "limits": limits(),
+        "shm": statvfs("/dev/shm"),
+        "memory": memory(),
+        "workdir": {"path": workdir, "exists": os.path.isdir(workdir), "disk": statvfs(workdir)},
+        "python": {"executable": sys.executable, "version": "%d.%d.%d" % sys.version_info[:3]},
+        "packages": versions,
+        "tools": {tool: shutil.which(tool) for tool in TOOLS},
+        "path": os.environ.get("PATH", ""),
+        "cuda_home": os.environ.get("CUDA_HOME"),
+        "env": {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES)},
+        "gpus": gpus(),
+        "infiniband": infiniband(),
+        "code": None if params.get("quick") or not os.path.isdir(workdir) else code_hash(workdir),
+    }
+    if not params.get("quick"):
+        facts["imports"] = imports(params.get("import_timeout", 20), versions, dists)
+
+    for thread in threads:
+        thread.join()
+    peers = [p for p in params.get("peers", []) if p["node"] != me]
+    listeners.close_when(
+        len(peers) * len(params.get("listen_ports", [])),
+        started + params.get("connect_timeout", 3) + params.get("skew", 2),
+    )
+    active["listen"] = listeners.status
+    if params.get("peers"):
+        seen = set(os.listdir(token_dir)) if os.path.isdir(token_dir) else set()
+        active["shared"] = {p["node"]: p["node"] in seen for p in peers}
+    facts["active"] = active
+    facts["seconds"] = round(time.time() - started, 3)
+    sys.stdout.write(json.dumps(facts) + "\n")
+
+
+def payload(params):
+    """The bytes to send on stdin: this file plus the call to main with `params`."""
+    source = open(__file__.replace(".pyc", ".py")).read()
+    encoded = base64.b64encode(json.dumps(params).encode()).decode()
+    return (source + "\nmain(json.loads(base64.b64decode(%r)))\n" % encoded).encode()

@@ -1,0 +1,136 @@
+"""`trainfleet` called in-process: output, exit codes, error format, light imports."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from importlib.util import find_spec
+
+import pytest
+
+from trainfleet.cli.main import main
+
+pytestmark = pytest.mark.unit
+
+
+def test_exec_echo_on_the_local_cluster(capsys):
+    assert main(["exec", "--", "echo", "hi"]) == 0
+    out, err = capsys.readouterr()
+    assert out == "localhost: hi\n"
+    assert err == ""
+
+
+def test_exec_returns_the_command_exit_code(capsys):
+    assert main(["exec", "--", "sh", "-c", "exit 3"]) == 3
+    err = capsys.readouterr().err
+    assert "1 of 1 nodes failed" in err and "localhost: exit 3" in err
+
+
+def test_exec_one_word_is_a_shell_line(capsys):
+    assert main(["exec", "--", "echo a | tr a b"]) == 0
+    assert capsys.readouterr().out == "localhost: b\n"
+
+
+def test_exec_several_words_are_never_resplit(capsys):
+    assert main(["exec", "--", "printf", "%s|", "a b", "$(id)"]) == 0
+    assert capsys.readouterr().out == "localhost: a b|$(id)|\n"
+
+
+def test_exec_json(capsys):
+    assert main(["exec", "--json", "--", "echo", "hi"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["command"] == ["echo", "hi"]
+    (node,) = doc["nodes"]
+    assert node["node"] == "localhost"
+    assert (node["returncode"], node["failure"], node["stdout"]) == (0, "none", "hi\n")
+    assert node["pitfall_id"] is None
+
+
+def test_exec_json_reports_failure(capsys):
+    assert main(["exec", "--json", "--", "sh", "-c", "echo oops >&2; exit 2"]) == 2
+    (node,) = json.loads(capsys.readouterr().out)["nodes"]
+    assert (node["returncode"], node["failure"], node["stderr"]) == (2, "command_failed", "oops\n")
+
+
+def test_exec_fold(capsys):
+    assert main(["exec", "--fold", "--hosts", "localhost", "--", "echo", "x"]) == 0
+    assert capsys.readouterr().out == "localhost: x\n"
+
+
+def test_exec_fold_groups_equal_output(capsys):
+    assert main(["exec", "--fold", "--hosts", "localhost,127.0.0.1", "--", "echo", "x"]) == 0
+    assert capsys.readouterr().out == "localhost,127.0.0.1: x\n"
+
+
+def test_exec_timeout_exit_code(capsys):
+    assert main(["exec", "--timeout", "0.3", "--", "sleep", "10"]) == 124
+    assert "timed out" in capsys.readouterr().err
+
+
+def test_exec_include_filters_nodes(capsys):
+    assert main(["exec", "--hosts", "localhost,127.0.0.1", "-i", "127.0.0.1", "--", "true"]) == 0
+    assert (
+        main(["exec", "--json", "--hosts", "localhost,127.0.0.1", "-e", "localhost", "--", "true"])
+        == 0
+    )
+    doc = json.loads(capsys.readouterr().out)
+    assert [n["node"] for n in doc["nodes"]] == ["127.0.0.1"]
+
+
+def test_bad_hostfile_path_is_a_one_line_error(capsys, tmp_path):
+    path = tmp_path / "missing-hostfile"
+    assert main(["exec", "--hostfile", str(path), "--", "echo", "x"]) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith("trainfleet: ")
+    assert str(path) in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_bad_hostfile_content_names_the_line(capsys, tmp_path):
+    path = tmp_path / "hostfile"
+    path.write_text("a slots=1\nb slots=0\n")
+    assert main(["exec", "--hostfile", str(path), "--", "true"]) == 1
+    assert capsys.readouterr().err.startswith(f"trainfleet: {path}:2: slots for ")
+
+
+def test_exec_without_a_command(capsys):
+    assert main(["exec", "--"]) == 1
+    assert capsys.readouterr().err.startswith("trainfleet: no command given")
+
+
+@pytest.mark.parametrize("command", ["exec", "sandbox"])
+def test_help_exits_zero(command, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main([command, "--help"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.startswith(f"usage: trainfleet {command}")
+
+
+def test_exec_help_shows_the_cluster_yaml_example(capsys):
+    with pytest.raises(SystemExit):
+        main(["exec", "--help"])
+    out = capsys.readouterr().out
+    assert "cluster.yaml example" in out and "--hostfile" in out and "--include" in out
+
+
+def test_unknown_subcommand_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["no-such-command"])
+    assert exit_.value.code == 2
+
+
+HEAVY = ("torch", "deepspeed", "transformers")
+
+
+@pytest.mark.skipif(find_spec("torch") is None, reason="torch is not installed: nothing to catch")
+def test_cli_import_leaves_torch_deepspeed_transformers_out():
+    code = (
+        "import sys, trainfleet.cli.main as m\n"
+        "m.build_parser()\n"
+        f"heavy = [name for name in {HEAVY!r} if name in sys.modules]\n"
+        "assert not heavy, f'imported by the CLI: {heavy}'\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr

@@ -1,0 +1,189 @@
+"""DeepSpeed hostfiles: read exactly as DeepSpeed's runner reads them, errors that name the line."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainfleet.cluster import load_cluster, parse_hostfile
+from trainfleet.errors import SpecError
+
+pytestmark = pytest.mark.unit
+
+
+def _spec_error(text: str, source: str = "hostfile") -> SpecError:
+    with pytest.raises(SpecError) as err:
+        parse_hostfile(text, source)
+    assert err.value.source == source
+    assert err.value.fix, "every SpecError must say how to fix it"
+    return err.value
+
+
+def test_deepspeed_hostfile_keeps_order_slots_and_lines():
+    text = (
+        "# training nodes\n"
+        "\n"
+        "worker-1 slots=8\n"
+        "   worker-0   slots=4   \n"
+        "\t# a comment after indentation\n"
+        "worker-2\tslots=2\n"
+    )
+    assert parse_hostfile(text) == {"worker-1": (8, 3), "worker-0": (4, 4), "worker-2": (2, 6)}
+    assert list(parse_hostfile(text)) == ["worker-1", "worker-0", "worker-2"]
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "worker-0 slots=4 # four GPUs",
+        "worker-0 slots=4 max_slots=8",  # MPI's extra field
+        "worker-0 slots=4xyz",  # DeepSpeed's regex is anchored only at the start
+    ],
+)
+def test_trailing_text_after_slots_is_accepted_like_deepspeed(line):
+    assert parse_hostfile(line) == {"worker-0": (4, 1)}
+
+
+@pytest.mark.parametrize(
+    "host",
+    [
+        "10.0.0.1",
+        "192.168.1.254",
+        "fe80::1",
+        "2001:db8::42",
+        "fe80::1%eth0",
+        "gpu-node-1",
+        "gpu_node.example.com",
+        "A100box",
+    ],
+)
+def test_addresses_and_ssh_aliases_are_accepted(host):
+    assert parse_hostfile(f"{host} slots=2") == {host: (2, 1)}
+
+
+def test_ipv6_loopback_is_accepted():
+    assert parse_hostfile("::1 slots=1") == {"::1": (1, 1)}
+
+
+@pytest.mark.parametrize(
+    ("text", "line"),
+    [
+        ("worker-0 slots=4\nworker-1\n", 2),  # no slots
+        ("worker-0 slots=4\n\n# c\nworker-1 slots=x\n", 4),
+        ("worker-0 slots = 4\n", 1),  # DeepSpeed's regex has no spaces around '='
+        ("slots=4\n", 1),
+        ("worker-0 slots=-1\n", 1),
+    ],
+)
+def test_bad_entry_names_its_line(text, line):
+    err = _spec_error(text)
+    assert err.line == line
+    assert "bad entry" in str(err)
+    assert f"hostfile:{line}:" in str(err)
+    assert "HOST slots=N" in err.fix
+
+
+def test_duplicate_host_names_both_lines():
+    err = _spec_error("a slots=1\n# x\nb slots=1\na slots=2\n")
+    assert err.line == 4
+    assert "'a'" in str(err) and "first on line 1" in str(err)
+
+
+def test_zero_slots_is_an_error_not_a_skipped_node():
+    err = _spec_error("a slots=1\nb slots=0\n")
+    assert err.line == 2
+    assert "slots for 'b' must be a number in 1..4096, got '0'" in str(err)
+    assert "b slots=8" in err.fix
+
+
+@pytest.mark.parametrize("text", ["", "\n\n", "# only comments\n   \n#x slots=1\n"])
+def test_empty_hostfile_is_an_error(text):
+    err = _spec_error(text)
+    assert err.line is None
+    assert "no hosts" in str(err)
+
+
+def test_shell_command_in_host_is_never_accepted():
+    err = _spec_error("ok slots=1\na;rm -rf ~ slots=1\n")
+    assert err.line == 2
+
+
+@pytest.mark.parametrize("host", ["a;rm", "a|b", "$(id)", "a`id`", "a&&b", "a>b", "a'b", 'a"b'])
+def test_metacharacters_in_host_are_named(host):
+    err = _spec_error(f"{host} slots=1")
+    assert err.line == 1
+    assert "metacharacters" in str(err)
+    assert "never run" in str(err)
+
+
+def test_host_starting_with_dash_would_be_an_ssh_option():
+    err = _spec_error("-oProxyCommand=id slots=1")
+    assert err.line == 1
+    assert "starts with '-'" in str(err)
+
+
+def test_host_with_at_sign_is_explained():
+    err = _spec_error("root@gpu-node-1 slots=8")
+    assert "'@'" in str(err)
+    assert "ssh" in err.fix
+
+
+# ----------------------------------------------------------------------------- load_cluster
+
+
+def test_load_cluster_from_hostfile(tmp_path):
+    path = tmp_path / "hostfile"
+    path.write_text("worker-0 slots=2\nworker-1 slots=4\n")
+    cluster = load_cluster(hostfile=str(path))
+    assert [(n.host, n.slots, n.gpu_ids) for n in cluster.nodes] == [
+        ("worker-0", 2, (0, 1)),
+        ("worker-1", 4, (0, 1, 2, 3)),
+    ]
+    assert cluster.master == "worker-0"
+    assert cluster.world_size == 6
+    assert cluster.source == str(path)
+    assert not any(n.is_local for n in cluster.nodes)
+
+
+def test_load_cluster_reports_errors_against_the_file_path(tmp_path):
+    path = tmp_path / "hostfile"
+    path.write_text("worker-0 slots=2\nworker-0 slots=2\n")
+    with pytest.raises(SpecError) as err:
+        load_cluster(hostfile=str(path))
+    assert err.value.source == str(path)
+    assert err.value.line == 2
+    assert str(err.value).startswith(f"{path}:2: ")
+
+
+def test_missing_hostfile_stops_where_deepspeed_would_fall_back(tmp_path):
+    path = tmp_path / "no-such-hostfile"
+    with pytest.raises(SpecError) as err:
+        load_cluster(hostfile=str(path))
+    assert err.value.source == str(path)
+    assert "not found" in str(err.value)
+    assert "DeepSpeed would" in err.value.fix
+
+
+def test_unreadable_hostfile_is_a_spec_error(tmp_path):
+    with pytest.raises(SpecError) as err:
+        load_cluster(hostfile=str(tmp_path))  # a directory
+    assert "cannot read" in str(err.value)
+
+
+def test_binary_hostfile_is_a_spec_error(tmp_path):
+    path = tmp_path / "hostfile"
+    path.write_bytes(b"\xff\xfe\x00 slots=1\n")
+    with pytest.raises(SpecError):
+        load_cluster(hostfile=str(path))
+
+
+def test_absurd_slot_count_is_a_spec_error(tmp_path):
+    path = tmp_path / "hostfile"
+    path.write_text(f"worker-0 slots={10**18}\n")
+    with pytest.raises(SpecError) as err:
+        load_cluster(hostfile=str(path))
+    assert err.value.line == 1
+
+
+def test_overlong_slot_number_is_a_spec_error():
+    with pytest.raises(SpecError):
+        parse_hostfile("worker-0 slots=" + "9" * 5000)
