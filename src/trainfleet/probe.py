@@ -409,6 +409,9 @@ class Listeners:
         self.accepted = 0
         for port in ports:
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            # As torch's TCPStore does: a port in TIME_WAIT from the last run is free, a port
+            # another process listens on is not.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 sock.bind(("0.0.0.0", port))
                 sock.listen(64)
@@ -520,6 +523,7 @@ def main(params):
     facts = {
         "probe_version": PROBE_VERSION,
         "node": me,
+        "pid": os.getpid(),
         "time": time.time(),
         "hostname": hostname,
         "fqdn": socket.getfqdn(),
@@ -553,7 +557,7 @@ def main(params):
         thread.join()
     peers = [p for p in params.get("peers", []) if p["node"] != me]
     listeners.close_when(
-        len(peers) * len(params.get("listen_ports", [])),
+        len(peers) * len(listeners.sockets),
         started + params.get("connect_timeout", 3) + params.get("skew", 2),
     )
     active["listen"] = listeners.status

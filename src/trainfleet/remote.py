@@ -22,7 +22,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -324,38 +324,82 @@ async def _run_one(
     )
 
 
+PerNode = Mapping[str, Sequence[str]]
+"""argv per node host, for commands that differ by node (its python, its parameters)."""
+
+
 async def run_on_nodes_async(
     nodes: Sequence[Node],
-    argv: Sequence[str],
+    argv: Sequence[str] | PerNode,
     *,
-    stdin: bytes | None = None,
+    stdin: bytes | Mapping[str, bytes] | None = None,
     timeout: float | None = None,
     on_line: LineCallback | None = None,
 ) -> list[NodeResult]:
-    """Run `argv` on every node at once; results in the order of `nodes`."""
+    """Run `argv` on every node at once; results in the order of `nodes`.
+
+    `argv` and `stdin` may be mappings from node host to that node's own value.
+    """
     if any(not node.is_local for node in nodes) and shutil.which("ssh") is None:
         raise RemoteError("no `ssh` client on this machine", "install openssh-client")
+    per_argv = argv if isinstance(argv, Mapping) else {n.host: argv for n in nodes}
+    per_stdin = stdin if isinstance(stdin, Mapping) else {n.host: stdin for n in nodes}
     return list(
-        await asyncio.gather(*(_run_one(node, argv, stdin, timeout, on_line) for node in nodes))
+        await asyncio.gather(
+            *(
+                _run_one(node, per_argv[node.host], per_stdin[node.host], timeout, on_line)
+                for node in nodes
+            )
+        )
     )
 
 
 def run_on_nodes(
     nodes: Sequence[Node],
-    argv: Sequence[str],
+    argv: Sequence[str] | PerNode,
     *,
-    stdin: bytes | None = None,
+    stdin: bytes | Mapping[str, bytes] | None = None,
     timeout: float | None = None,
     on_line: LineCallback | None = None,
 ) -> list[NodeResult]:
     """Synchronous `run_on_nodes_async`: run `argv` on every node at once.
 
-    `stdin` is sent to every node (how the probe travels); `timeout` bounds each node's run,
+    `stdin` is sent to each node (how the probe travels); `timeout` bounds each node's run,
     connect included; `on_line` sees output lines as they arrive.
     """
     return asyncio.run(
         run_on_nodes_async(nodes, argv, stdin=stdin, timeout=timeout, on_line=on_line)
     )
+
+
+async def _ssh_hostname(node: Node) -> str:
+    if node.is_local:
+        return "127.0.0.1" if node.host == "localhost" else node.host
+    proc = await asyncio.create_subprocess_exec(
+        *ssh_base_argv(node.host, node.ssh, multiplex=False)[:-2],
+        "-G",
+        "--",
+        node.host,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    out, _ = await proc.communicate()
+    for line in out.decode(errors="replace").splitlines():
+        key, _, value = line.partition(" ")
+        if key == "hostname" and value:
+            return value.strip()
+    return node.host
+
+
+def ssh_hostnames(nodes: Sequence[Node]) -> dict[str, str]:
+    """The name or address ssh really connects to for each node (`ssh -G`: HostName from the
+    ssh config applied); no connection is made."""
+
+    async def _all() -> list[str]:
+        return list(await asyncio.gather(*(_ssh_hostname(n) for n in nodes)))
+
+    return dict(zip((n.host for n in nodes), asyncio.run(_all()), strict=True))
 
 
 def close_connections(nodes: Sequence[Node]) -> None:

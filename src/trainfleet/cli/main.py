@@ -12,15 +12,17 @@ Each subcommand module has `HELP`, `DESCRIPTION`, `add_arguments(parser)` and
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from types import ModuleType
 
 from trainfleet import __version__
-from trainfleet.cli import exec_cmd, sandbox_cmd
+from trainfleet.cli import doctor_cmd, exec_cmd, sandbox_cmd
 from trainfleet.errors import TrainfleetError
 
 COMMANDS: dict[str, ModuleType] = {
+    "doctor": doctor_cmd,
     "exec": exec_cmd,
     "sandbox": sandbox_cmd,
 }
@@ -57,6 +59,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("trainfleet: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (`trainfleet ... | head`): not an error of ours.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

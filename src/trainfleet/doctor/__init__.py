@@ -1,0 +1,113 @@
+"""`trainfleet doctor`: every multi-node pitfall found before launch, with cause, node and fix.
+
+    >>> from trainfleet.cluster import load_cluster
+    >>> from trainfleet.doctor import run_doctor
+    >>> report = run_doctor(load_cluster(), quick=True)  # doctest: +SKIP
+    >>> report.exit_code  # doctest: +SKIP
+    0
+
+Facts, then decisions: `collect` runs one probe per node (facts + active pairwise tests),
+`checks` turns them into findings with pure functions, `report` renders them.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from trainfleet.cluster import Cluster
+from trainfleet.doctor import netsel
+from trainfleet.doctor.checks import run_checks
+from trainfleet.doctor.checks.network import LOOPBACK_PREFIXES
+from trainfleet.doctor.checks.software import node_versions
+from trainfleet.doctor.collect import Survey, collect
+from trainfleet.doctor.findings import Finding, Severity
+from trainfleet.remote import Failure
+
+
+@dataclass(kw_only=True, slots=True)
+class DoctorReport:
+    findings: list[Finding]
+    nodes: dict[str, dict]
+    """Per node, named as in the cluster spec: what was found and what trainfleet will set."""
+    problems: list[str] = field(default_factory=list)
+    """Doctor's own failures (a probe that crashed): not findings about the cluster."""
+    seconds: float = 0.0
+
+    @property
+    def exit_code(self) -> int:
+        """0: no errors; 1: errors found; 2: doctor could not examine any node."""
+        if self.problems and not any(n.get("reachable") for n in self.nodes.values()):
+            return 2
+        return 1 if any(f.severity is Severity.ERROR for f in self.findings) else 0
+
+    def to_json(self) -> dict:
+        return {
+            "findings": [f.to_json() for f in self.findings],
+            "nodes": self.nodes,
+            "problems": self.problems,
+            "seconds": round(self.seconds, 3),
+            "exit_code": self.exit_code,
+        }
+
+
+def _gloo_default(facts: dict) -> str:
+    """What gloo binds when GLOO_SOCKET_IFNAME is unset: the hostname's address."""
+    resolved = facts.get("resolve", {}).get(facts.get("hostname", ""), {})
+    addresses = resolved.get("addresses") or []
+    if not addresses:
+        return "127.0.0.1 (hostname does not resolve: loopback fallback)"
+    first = addresses[0]
+    return f"{first} (loopback!)" if first.startswith(LOOPBACK_PREFIXES) else first
+
+
+def node_summaries(survey: Survey) -> dict[str, dict]:
+    summaries = {}
+    for node in survey.cluster.nodes:
+        host = node.host
+        facts = survey.facts.get(host)
+        if facts is None:
+            result = survey.failed.get(host)
+            summaries[host] = {
+                "reachable": False,
+                "address": survey.addresses.get(host),
+                "failure": result.reason() if result else "not probed",
+            }
+            continue
+        ifaces = facts.get("interfaces") if isinstance(facts.get("interfaces"), list) else []
+        chosen = netsel.chosen_interface(facts, survey.master_addr)
+        summaries[host] = {
+            "reachable": True,
+            "hostname": facts.get("hostname"),
+            "address": survey.addresses.get(host),
+            "interface": chosen,
+            "subnet": netsel.subnet_of(chosen, ifaces),
+            "nccl_default": netsel.nccl_default(ifaces),
+            "gloo_default": _gloo_default(facts),
+            "python": facts.get("python", {}).get("executable"),
+            "versions": node_versions(facts),
+            "gpus": len((facts.get("gpus") or {}).get("devices") or []),
+            "slots": node.slots,
+            "probe_seconds": facts.get("seconds"),
+        }
+    return summaries
+
+
+def run_doctor(cluster: Cluster, *, quick: bool = False, seed: int | None = None) -> DoctorReport:
+    """Probe every node, run every check, and return the report."""
+    started = time.time()
+    survey = collect(cluster, quick=quick, seed=seed)
+    finished = time.time()
+    problems = [
+        f"{host}: the probe failed: {result.reason()}"
+        for host, result in survey.failed.items()
+        if result.failure is Failure.COMMAND_FAILED
+        and result.returncode != 127
+        and "No such file or directory" not in result.stderr
+    ]
+    return DoctorReport(
+        findings=run_checks(survey, started=started, finished=finished),
+        nodes=node_summaries(survey),
+        problems=problems,
+        seconds=time.time() - started,
+    )

@@ -1,0 +1,40 @@
+"""Every check: a pure function of the survey that returns findings (PITFALLS.md ids).
+
+>>> from trainfleet.doctor.checks import run_checks
+>>> run_checks(survey, started=0.0, finished=1.0)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from trainfleet.doctor.checks import network, resources, software, ssh
+from trainfleet.doctor.collect import Survey
+from trainfleet.doctor.findings import Finding, merge
+
+CHECKS = (
+    ssh.check_launch_ssh,
+    ssh.check_node_to_node_ssh,
+    software.check_paths,
+    network.check_firewall,
+    network.check_port_in_use,
+    network.check_hostnames,
+    network.check_interfaces,
+    network.check_mtu,
+    network.check_ipv6,
+    software.check_versions,
+    software.check_torch,
+    software.check_tools,
+    software.check_code,
+    software.check_gpu_software,
+    software.check_launcher,
+    resources.check_gpus,
+    resources.check_shm,
+    resources.check_disk,
+    resources.check_memlock,
+    resources.check_shared_storage,
+)
+
+
+def run_checks(survey: Survey, *, started: float, finished: float) -> list[Finding]:
+    findings = [f for check in CHECKS for f in check(survey)]
+    findings += resources.check_clocks(survey, started, finished)
+    return merge(findings)

@@ -1,0 +1,321 @@
+"""Network checks: names, interfaces, MTU, ports, and what the firewall lets through.
+
+>>> check_firewall(survey)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from trainfleet.doctor import netsel
+from trainfleet.doctor.collect import Survey
+from trainfleet.doctor.findings import Finding, Severity
+from trainfleet.nodeset import fold_names
+
+LOOPBACK_PREFIXES = ("127.", "::1")
+
+
+def _ifaces(facts: dict) -> list[dict]:
+    found = facts.get("interfaces")
+    return found if isinstance(found, list) else []
+
+
+def chosen_interfaces(survey: Survey) -> dict[str, str | None]:
+    """The interface trainfleet sets per node: the one that routes to the master."""
+    return {
+        host: netsel.chosen_interface(facts, survey.master_addr)
+        for host, facts in survey.facts.items()
+    }
+
+
+def _firewall_rules(facts: dict) -> list[str]:
+    """The lines of the node's iptables rules that drop or reject (evidence)."""
+    rules = (facts.get("firewall") or {}).get("iptables", {}).get("out", "")
+    return [
+        line
+        for line in rules.splitlines()
+        if ("DROP" in line or "REJECT" in line) and not line.startswith("-P OUTPUT")
+    ][:4]
+
+
+def _allow_rule(facts: dict, subnet: str | None) -> str:
+    """The minimal rule that lets the cluster's nodes in, for whatever firewall is active."""
+    source = subnet or "<cluster subnet>"
+    firewall = facts.get("firewall") or {}
+    if (firewall.get("ufw") or {}).get("out", "").startswith("Status: active"):
+        return f"`ufw allow from {source} proto tcp`"
+    if (firewall.get("firewalld") or {}).get("out", "").strip() == "running":
+        trusted = f"firewall-cmd --permanent --zone=trusted --add-source={source}"
+        return f"`{trusted} && firewall-cmd --reload`"
+    return f"`iptables -I INPUT -p tcp -s {source} -j ACCEPT` (and make it persistent)"
+
+
+def check_firewall(survey: Survey) -> list[Finding]:
+    """A peer's connect to a port a probe listens on that does not get through."""
+    master_port = str(survey.cluster.master_port)
+    blocked: dict[str, list[str]] = {}
+    for src, facts in survey.facts.items():
+        for dst, ports in facts.get("active", {}).get("tcp", {}).items():
+            listening = survey.facts.get(dst, {}).get("active", {}).get("listen", {})
+            for port, status in ports.items():
+                if status != "open" and listening.get(port) == "listening":
+                    blocked.setdefault(dst, []).append(f"{src} -> {dst}:{port} {status}")
+    findings = []
+    for dst, lines in blocked.items():
+        facts = survey.facts[dst]
+        ports_ok = [
+            p
+            for s in survey.facts.values()
+            for p, st in s.get("active", {}).get("tcp", {}).get(dst, {}).items()
+            if st == "open"
+        ]
+        what = "ports NCCL/gloo pick at random" + (
+            f" (the master port {master_port} gets through, so rendezvous works and then hangs)"
+            if master_port in ports_ok
+            else ""
+        )
+        subnet = netsel.subnet_of(chosen_interfaces(survey).get(dst), _ifaces(facts))
+        rules = _firewall_rules(facts)
+        findings.append(
+            Finding(
+                id="firewall-blocks-ports",
+                severity=Severity.ERROR,
+                nodes=(dst,),
+                evidence=[f"connections to {what} are dropped:", *lines[:6]]
+                + [f"{dst} firewall: {rule}" for rule in rules],
+                fix=f"on {dst}, allow TCP from the cluster nodes on the data interface: "
+                f"{_allow_rule(facts, subnet)}; do not disable the firewall",
+            )
+        )
+    return findings
+
+
+def check_port_in_use(survey: Survey) -> list[Finding]:
+    master = survey.cluster.master
+    facts = survey.facts.get(master)
+    if facts is None:
+        return []
+    port = survey.cluster.master_port
+    # The probe's own test listener holds the port while the facts are gathered.
+    holders = [
+        e
+        for e in facts.get("listening", [])
+        if e.get("port") == port and e.get("pid") != facts.get("pid")
+    ]
+    bind = facts.get("active", {}).get("listen", {}).get(str(port), "")
+    if not holders and "in use" not in bind:
+        return []
+    owner = next((h for h in holders if h.get("pid")), None)
+    who = f"pid {owner['pid']}: {owner['cmd']}" if owner else "a process this user cannot see"
+    return [
+        Finding(
+            id="port-in-use",
+            severity=Severity.ERROR,
+            nodes=(master,),
+            evidence=[f"port {port} on {master} is held by {who}"],
+            fix=(
+                f"stop it (`kill {owner['pid']}` on {master}) if it is a leftover run, "
+                if owner
+                else "stop that process, "
+            )
+            + "or set another `master_port` in cluster.yaml",
+        )
+    ]
+
+
+def _multi_node(survey: Survey) -> bool:
+    """Loopback and interface choice only matter when ranks talk across machines."""
+    return len(survey.cluster.nodes) > 1
+
+
+def check_hostnames(survey: Survey) -> list[Finding]:
+    findings = []
+    for host, facts in survey.facts.items():
+        name = facts.get("hostname", "")
+        resolved = facts.get("resolve", {}).get(name, {})
+        addresses = resolved.get("addresses", [])
+        chosen = chosen_interfaces(survey).get(host)
+        if "error" in resolved:
+            findings.append(
+                Finding(
+                    id="hostname-unresolvable",
+                    severity=Severity.ERROR,
+                    nodes=(host,),
+                    evidence=[
+                        f"on {host}, its own name `{name}` does not resolve: {resolved['error']}"
+                    ],
+                    fix=f"add `<address> {name}` to /etc/hosts on {host}",
+                )
+            )
+        elif _multi_node(survey) and all(a.startswith(LOOPBACK_PREFIXES) for a in addresses):
+            findings.append(
+                Finding(
+                    id="hostname-loopback",
+                    severity=Severity.ERROR,
+                    nodes=(host,),
+                    evidence=[
+                        f"on {host}, its own name `{name}` resolves to {', '.join(addresses)}: "
+                        "gloo binds there and peers get `Connection refused`"
+                    ],
+                    fix=f"set GLOO_SOCKET_IFNAME={chosen or '<data interface>'} on {host}, or map "
+                    f"`{name}` to its real address in {host}'s /etc/hosts",
+                )
+            )
+        master_name = survey.cluster.master
+        master = facts.get("resolve", {}).get(master_name, {})
+        if master_name != name and "error" in master:
+            findings.append(
+                Finding(
+                    id="hostname-unresolvable",
+                    severity=Severity.WARNING,
+                    nodes=(host,),
+                    evidence=[f"on {host}, the master's name `{master_name}` does not resolve"],
+                    fix=f"use the master's address as MASTER_ADDR ({survey.master_addr}), or add "
+                    f"it to /etc/hosts on {host}",
+                )
+            )
+    return findings
+
+
+def _configured(survey: Survey, host: str, key: str) -> tuple[str, str] | None:
+    """(value, where it comes from) of an interface variable for a node, if set anywhere."""
+    node = survey.cluster.node(host)
+    if key in node.env:
+        return node.env[key], "cluster.yaml env"
+    node_env = survey.facts[host].get("env", {})
+    if key in node_env:
+        return node_env[key], f"{host}'s own environment"
+    if key in survey.launch_env:
+        return survey.launch_env[
+            key
+        ], "this machine's environment (DeepSpeed's runner exports NCCL_*)"
+    return None
+
+
+def check_interfaces(survey: Survey) -> list[Finding]:
+    findings = []
+    chosen = chosen_interfaces(survey)
+    gloo_counts: dict[str, int] = {}
+    for host, facts in survey.facts.items():
+        ifaces = _ifaces(facts)
+        have = ", ".join(i["name"] for i in ifaces if netsel.usable(i) and i["name"] != "lo")
+        nccl = _configured(survey, host, "NCCL_SOCKET_IFNAME")
+        if nccl and not netsel.nccl_matches(nccl[0], ifaces):
+            findings.append(
+                Finding(
+                    id="iface-mismatch",
+                    severity=Severity.ERROR,
+                    nodes=(host,),
+                    evidence=[
+                        f"NCCL_SOCKET_IFNAME={nccl[0]} (from {nccl[1]}) matches no interface "
+                        f"on {host}; it has {have}"
+                    ],
+                    fix=f"set it per node (on {host}: NCCL_SOCKET_IFNAME={chosen.get(host)}) in "
+                    "cluster.yaml, or a prefix list that covers every node",
+                )
+            )
+        gloo = _configured(survey, host, "GLOO_SOCKET_IFNAME")
+        if gloo:
+            gloo_counts[host] = len(gloo[0].split(","))
+            missing = netsel.gloo_missing(gloo[0], ifaces)
+            if missing:
+                findings.append(
+                    Finding(
+                        id="iface-mismatch",
+                        severity=Severity.ERROR,
+                        nodes=(host,),
+                        evidence=[
+                            f"GLOO_SOCKET_IFNAME={gloo[0]} (from {gloo[1]}): {host} has no "
+                            f"interface {', '.join(missing)} (it has {have}); gloo fails with "
+                            f"`Unable to find address for: {missing[0]}`"
+                        ],
+                        fix=f"gloo takes exact names: set it per node (on {host}: "
+                        f"GLOO_SOCKET_IFNAME={chosen.get(host)}) in that node's cluster.yaml env",
+                    )
+                )
+        if nccl is None and _multi_node(survey):
+            default = netsel.nccl_default(ifaces)
+            if chosen.get(host) and default and default != chosen[host]:
+                findings.append(
+                    Finding(
+                        id="iface-wrong",
+                        severity=Severity.WARNING,
+                        nodes=(host,),
+                        evidence=[
+                            f"NCCL_SOCKET_IFNAME is unset: NCCL would use {default}, but "
+                            f"{host} reaches the master through {chosen[host]}"
+                        ],
+                        fix=f"NCCL_SOCKET_IFNAME={chosen[host]} on {host} (per node env)",
+                    )
+                )
+        if chosen.get(host) and netsel.is_virtual(chosen[host]):
+            findings.append(
+                Finding(
+                    id="iface-wrong",
+                    severity=Severity.WARNING,
+                    nodes=(host,),
+                    evidence=[
+                        f"{host} reaches the master through {chosen[host]}, a virtual interface"
+                    ],
+                    fix="check the master address and routes: use the data network",
+                )
+            )
+    if len(set(gloo_counts.values())) > 1:
+        findings.append(
+            Finding(
+                id="iface-mismatch",
+                severity=Severity.ERROR,
+                nodes=tuple(gloo_counts),
+                evidence=[
+                    f"GLOO_SOCKET_IFNAME lists {n} interface(s) on {h}"
+                    for h, n in gloo_counts.items()
+                ],
+                fix="every process must list the same number of interfaces in GLOO_SOCKET_IFNAME",
+            )
+        )
+    return findings
+
+
+def check_mtu(survey: Survey) -> list[Finding]:
+    chosen = chosen_interfaces(survey)
+    mtus = {}
+    for host, facts in survey.facts.items():
+        for iface in _ifaces(facts):
+            if iface["name"] == chosen.get(host):
+                mtus[host] = iface.get("mtu")
+    if len(set(mtus.values())) <= 1:
+        return []
+    common, _ = Counter(mtus.values()).most_common(1)[0]
+    odd = [h for h, m in mtus.items() if m != common]
+    return [
+        Finding(
+            id="mtu-mismatch",
+            severity=Severity.ERROR,
+            nodes=tuple(odd),
+            evidence=[f"{h}: {chosen[h]} mtu {mtus[h]}" for h in odd]
+            + [f"{fold_names(h for h in mtus if h not in odd)}: mtu {common}"],
+            fix=f"use the same MTU end to end (`ip link set {chosen[odd[0]]} mtu {common}` on "
+            f"{odd[0]}, and on the switch): small collectives pass, large ones hang",
+        )
+    ]
+
+
+def check_ipv6(survey: Survey) -> list[Finding]:
+    findings = []
+    master_name = survey.cluster.master
+    for host, facts in survey.facts.items():
+        addresses = facts.get("resolve", {}).get(master_name, {}).get("addresses", [])
+        if addresses and all(":" in a for a in addresses):
+            findings.append(
+                Finding(
+                    id="ipv6-mismatch",
+                    severity=Severity.WARNING,
+                    nodes=(host,),
+                    evidence=[
+                        f"on {host}, `{master_name}` resolves only to IPv6: {', '.join(addresses)}"
+                    ],
+                    fix=f"pass the master's IPv4 address ({survey.master_addr}) as MASTER_ADDR and "
+                    "NCCL_SOCKET_FAMILY=AF_INET",
+                )
+            )
+    return findings

@@ -1,0 +1,141 @@
+"""Resource checks: GPUs, shared memory, disk, clocks, InfiniBand limits, shared storage.
+
+>>> check_shm(survey)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from trainfleet.doctor.collect import Survey
+from trainfleet.doctor.findings import Finding, Severity
+
+GIB = 1 << 30
+MIN_SHM = 1 * GIB
+MIN_DISK = 20 * GIB
+MAX_CLOCK_SKEW_S = 2.0
+
+
+def check_gpus(survey: Survey) -> list[Finding]:
+    findings = []
+    for host, facts in survey.facts.items():
+        devices = (facts.get("gpus") or {}).get("devices") or []
+        slots = survey.cluster.node(host).slots
+        if devices and len(devices) < slots:
+            findings.append(
+                Finding(
+                    id="gpu-count-mismatch",
+                    severity=Severity.ERROR,
+                    nodes=(host,),
+                    evidence=[f"{host} has {len(devices)} GPU(s) but slots={slots}"],
+                    fix=f"set slots={len(devices)} for {host} in the hostfile / cluster.yaml",
+                )
+            )
+        busy = (facts.get("gpus") or {}).get("processes") or []
+        if busy:
+            findings.append(
+                Finding(
+                    id="gpu-busy",
+                    severity=Severity.WARNING,
+                    nodes=(host,),
+                    evidence=[
+                        f"{host}: pid {p['pid']} {p['name']} uses {p['used_mib']} MiB" for p in busy
+                    ],
+                    fix=f"stop the leftover processes on {host} (`kill PID`) before launching",
+                )
+            )
+    return findings
+
+
+def check_shm(survey: Survey) -> list[Finding]:
+    small = {
+        host: facts["shm"]["total"]
+        for host, facts in survey.facts.items()
+        if "total" in facts.get("shm", {}) and facts["shm"]["total"] < MIN_SHM
+    }
+    return [
+        Finding(
+            id="shm-small",
+            severity=Severity.WARNING,
+            nodes=(host,),
+            evidence=[
+                f"/dev/shm on {host} is {size / GIB:.2f} GiB (NCCL needs more in containers)"
+            ],
+            fix="run the container with `--shm-size=16g` (or remount /dev/shm larger)",
+        )
+        for host, size in small.items()
+    ]
+
+
+def check_disk(survey: Survey) -> list[Finding]:
+    findings = []
+    for host, facts in survey.facts.items():
+        disk = facts.get("workdir", {}).get("disk", {})
+        if "free" in disk and disk["free"] < MIN_DISK:
+            findings.append(
+                Finding(
+                    id="disk-low",
+                    severity=Severity.WARNING,
+                    nodes=(host,),
+                    evidence=[
+                        f"{disk['free'] / GIB:.1f} GiB free at {facts['workdir']['path']} on {host}"
+                    ],
+                    fix="write checkpoints elsewhere, or keep fewer of them",
+                )
+            )
+    return findings
+
+
+def check_memlock(survey: Survey) -> list[Finding]:
+    findings = []
+    for host, facts in survey.facts.items():
+        memlock = facts.get("limits", {}).get("memlock")
+        if facts.get("infiniband") and memlock is not None:
+            findings.append(
+                Finding(
+                    id="ib-memlock",
+                    severity=Severity.ERROR,
+                    nodes=(host,),
+                    evidence=[f"{host} has InfiniBand devices and `ulimit -l` = {memlock} bytes"],
+                    fix="`* - memlock unlimited` in /etc/security/limits.conf (then log in again), "
+                    "or `--ulimit memlock=-1` for containers",
+                )
+            )
+    return findings
+
+
+def check_clocks(survey: Survey, started: float, finished: float) -> list[Finding]:
+    findings = []
+    for host, facts in survey.facts.items():
+        t = facts.get("time")
+        if t is None:
+            continue
+        skew = max(started - t, t - finished, 0.0)
+        if skew > MAX_CLOCK_SKEW_S:
+            findings.append(
+                Finding(
+                    id="clock-skew",
+                    severity=Severity.WARNING,
+                    nodes=(host,),
+                    evidence=[f"{host}'s clock is {skew:.1f} s off this machine's"],
+                    fix="run NTP (chrony/systemd-timesyncd) on every node",
+                )
+            )
+    return findings
+
+
+def check_shared_storage(survey: Survey) -> list[Finding]:
+    apart = []
+    for host, facts in survey.facts.items():
+        for peer, seen in facts.get("active", {}).get("shared", {}).items():
+            if not seen:
+                apart.append(f"{host} does not see {peer}'s file in the working directory")
+    if not apart:
+        return []
+    return [
+        Finding(
+            id="shared-dir-missing",
+            severity=Severity.INFO,
+            nodes=tuple(survey.facts),
+            evidence=apart[:8],
+            fix="no shared storage: code, data and checkpoints must be copied to every node",
+        )
+    ]

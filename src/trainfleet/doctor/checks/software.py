@@ -1,0 +1,236 @@
+"""Software checks: paths, versions, the non-interactive environment, the code itself.
+
+>>> check_versions(survey)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections import Counter
+
+from trainfleet.doctor.collect import Survey
+from trainfleet.doctor.findings import Finding, Severity
+from trainfleet.nodeset import fold_names
+from trainfleet.remote import Failure
+
+# Versions that must match for collectives to work at all; the others only warn.
+_MUST_MATCH = ("python", "torch", "nccl", "deepspeed")
+_SHOULD_MATCH = ("transformers", "accelerate")
+_TOOLS = ("torchrun", "deepspeed", "ninja", "nvcc")
+
+
+def check_paths(survey: Survey) -> list[Finding]:
+    findings = []
+    for host, result in survey.failed.items():
+        missing = result.returncode == 127 or "No such file or directory" in result.stderr
+        if result.failure is Failure.COMMAND_FAILED and missing:
+            node = survey.cluster.node(host)
+            findings.append(
+                Finding(
+                    id="remote-path-missing",
+                    severity=Severity.ERROR,
+                    nodes=(host,),
+                    evidence=[f"python {node.python} cannot be run on {host}: {result.reason()}"],
+                    fix=f"install the same environment at {node.python} on {host}, or set that "
+                    "node's `python:` in cluster.yaml",
+                )
+            )
+    for host, facts in survey.facts.items():
+        workdir = facts.get("workdir", {})
+        if not workdir.get("exists", True):
+            findings.append(
+                Finding(
+                    id="remote-path-missing",
+                    severity=Severity.ERROR,
+                    nodes=(host,),
+                    evidence=[f"working directory {workdir.get('path')} does not exist on {host}"],
+                    fix="use the same layout on every node (or shared storage), or set `workdir:` "
+                    "in cluster.yaml",
+                )
+            )
+    return findings
+
+
+def node_versions(facts: dict) -> dict[str, str | None]:
+    """The versions that matter, preferring what an import reported over package metadata."""
+    packages = facts.get("packages", {})
+    imported = facts.get("imports", {}) if isinstance(facts.get("imports"), dict) else {}
+    python = facts.get("python", {}).get("version", "")
+    return {
+        "python": ".".join(python.split(".")[:2]) or None,
+        "torch": imported.get("torch") or packages.get("torch"),
+        "nccl": imported.get("nccl") or packages.get("nccl_wheel"),
+        "deepspeed": imported.get("deepspeed") or packages.get("deepspeed"),
+        "transformers": imported.get("transformers") or packages.get("transformers"),
+        "accelerate": imported.get("accelerate") or packages.get("accelerate"),
+    }
+
+
+def check_versions(survey: Survey) -> list[Finding]:
+    findings = []
+    versions = {host: node_versions(facts) for host, facts in survey.facts.items()}
+    for key in (*_MUST_MATCH, *_SHOULD_MATCH):
+        seen = {host: v[key] for host, v in versions.items() if v[key]}
+        if len(set(seen.values())) <= 1:
+            continue
+        common, _ = Counter(seen.values()).most_common(1)[0]
+        odd = tuple(h for h, v in seen.items() if v != common)
+        by_version: dict[str, list[str]] = {}
+        for host, version in seen.items():
+            by_version.setdefault(version, []).append(host)
+        findings.append(
+            Finding(
+                id="version-mismatch",
+                severity=Severity.ERROR if key in _MUST_MATCH else Severity.WARNING,
+                nodes=odd,
+                evidence=[f"{key} {v} on {fold_names(hosts)}" for v, hosts in by_version.items()],
+                fix=f"install the same {key} on every node (same environment image everywhere)",
+            )
+        )
+    return findings
+
+
+def check_torch(survey: Survey) -> list[Finding]:
+    findings = []
+    has_torch = {h: bool(node_versions(f)["torch"]) for h, f in survey.facts.items()}
+    for host, facts in survey.facts.items():
+        imported = facts.get("imports") if isinstance(facts.get("imports"), dict) else {}
+        error = imported.get("torch_error") or imported.get("import_error")
+        python = facts.get("python", {}).get("executable")
+        if error:
+            findings.append(
+                Finding(
+                    id="torch-missing",
+                    severity=Severity.ERROR,
+                    nodes=(host,),
+                    evidence=[f"`import torch` with {python} on {host} fails: {error}"],
+                    fix=f"reinstall torch in {python} on {host}",
+                )
+            )
+        elif not has_torch[host] and any(has_torch.values()):
+            findings.append(
+                Finding(
+                    id="torch-missing",
+                    severity=Severity.ERROR,
+                    nodes=(host,),
+                    evidence=[
+                        f"torch is not installed for {python} on {host} (other nodes have it)"
+                    ],
+                    fix=f"install torch into {python} on {host}, or point that node's `python:` "
+                    "in cluster.yaml at the environment that has it",
+                )
+            )
+    if survey.facts and not any(has_torch.values()):
+        findings.append(
+            Finding(
+                id="torch-missing",
+                severity=Severity.WARNING,
+                nodes=tuple(survey.facts),
+                evidence=["torch is not installed for the configured python on any node"],
+                fix="install the training environment (`pip install 'trainfleet[train]'`) on every "
+                "node, or set `python:` in cluster.yaml",
+            )
+        )
+    return findings
+
+
+def check_tools(survey: Survey) -> list[Finding]:
+    """Tools present on some nodes (or this one) but missing on a node's non-interactive PATH."""
+    findings = []
+    for host, facts in survey.facts.items():
+        tools = facts.get("tools", {})
+        versions = node_versions(facts)
+        if versions["deepspeed"] and not tools.get("ninja"):
+            findings.append(
+                Finding(
+                    id="ninja-missing",
+                    severity=Severity.WARNING,
+                    nodes=(host,),
+                    evidence=[
+                        f"deepspeed is installed on {host} but `ninja` is not on its "
+                        "non-interactive PATH: JIT-built ops fail with `Ninja is required`"
+                    ],
+                    fix=f"`{facts['python']['executable']} -m pip install ninja` on {host}",
+                )
+            )
+    for tool in _TOOLS:
+        present = {h for h, f in survey.facts.items() if f.get("tools", {}).get(tool)}
+        here = shutil.which(tool) is not None
+        lacking = [h for h in survey.facts if h not in present]
+        if lacking and (present or here):
+            where = fold_names(present) if present else "this machine"
+            findings.append(
+                Finding(
+                    id="remote-env-differs",
+                    severity=Severity.WARNING,
+                    nodes=tuple(lacking),
+                    evidence=[
+                        f"`{tool}` is on the PATH of {where} but not on the non-interactive "
+                        f"PATH of {fold_names(lacking)} (ssh runs no login shell)"
+                    ],
+                    fix="activate the environment for non-interactive ssh too (before the "
+                    "early `return` in ~/.bashrc), or set PATH in cluster.yaml `env:`",
+                )
+            )
+    return findings
+
+
+def check_code(survey: Survey) -> list[Finding]:
+    hashes = {
+        h: f["code"]["sha256"]
+        for h, f in survey.facts.items()
+        if (f.get("code") or {}).get("sha256")
+    }
+    if len(set(hashes.values())) <= 1:
+        return []
+    common, _ = Counter(hashes.values()).most_common(1)[0]
+    odd = tuple(h for h, v in hashes.items() if v != common)
+    workdir = next(iter(survey.facts.values()))["workdir"]["path"]
+    return [
+        Finding(
+            id="code-differs",
+            severity=Severity.ERROR,
+            nodes=odd,
+            evidence=[
+                f"the code under {workdir} differs on {fold_names(odd)} from the other nodes"
+            ],
+            fix="copy the same code to every node (rsync, git checkout of one commit) or use "
+            "shared storage: different code hangs in mismatched collectives",
+        )
+    ]
+
+
+def check_gpu_software(survey: Survey) -> list[Finding]:
+    findings = []
+    for host, facts in survey.facts.items():
+        gpus = facts.get("gpus") or {}
+        if gpus.get("devices") and not facts.get("cuda_home") and not facts["tools"].get("nvcc"):
+            findings.append(
+                Finding(
+                    id="cuda-home-missing",
+                    severity=Severity.WARNING,
+                    nodes=(host,),
+                    evidence=[
+                        f"{host} has GPUs but neither CUDA_HOME nor nvcc on its "
+                        "non-interactive PATH: DeepSpeed cannot build its ops there"
+                    ],
+                    fix=f"set CUDA_HOME for {host} in cluster.yaml env (e.g. /usr/local/cuda)",
+                )
+            )
+    return findings
+
+
+def check_launcher(survey: Survey) -> list[Finding]:
+    if shutil.which("pdsh") or len(survey.cluster.nodes) < 2:
+        return []
+    return [
+        Finding(
+            id="pdsh-missing",
+            severity=Severity.INFO,
+            nodes=(),
+            evidence=[
+                "pdsh is not installed on this machine: DeepSpeed's runner cannot start nodes"
+            ],
+            fix="`apt-get install pdsh` if you launch with `deepspeed --hostfile`",
+        )
+    ]

@@ -1,0 +1,168 @@
+"""Gather facts: one probe per node, all at once, each testing its peers while it gathers.
+
+    >>> from trainfleet.cluster import load_cluster
+    >>> survey = collect(load_cluster(), quick=True)  # doctest: +SKIP
+    >>> survey.facts["localhost"]["hostname"]  # doctest: +SKIP
+
+The launch node decides everything the probes need before they start (each node's address as
+ssh resolves it, the random ports each node listens on, the ssh command each node uses for each
+peer), so that the probes never have to talk to each other through the launch node.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import secrets
+import socket
+from dataclasses import dataclass, field
+
+from trainfleet import probe
+from trainfleet.cluster import Cluster, Node
+from trainfleet.remote import NodeResult, run_on_nodes, ssh_base_argv, ssh_hostnames
+
+EPHEMERAL_PORTS = (40000, 60000)
+"""Where the test listeners go: inside Linux's default ip_local_port_range (32768-60999),
+where NCCL's and gloo's own listeners land."""
+PORTS_PER_NODE = 2
+PAIR_CONNECT_TIMEOUT_S = 3
+"""How long a peer connect may take before it counts as dropped by a firewall."""
+START_SKEW_S = 2
+"""How long a probe keeps listening after its own tests, for peers that started later."""
+IMPORT_TIMEOUT_S = 20
+
+
+@dataclass(kw_only=True, slots=True)
+class Survey:
+    """What the probes found: facts per reachable node, the ssh result for the others."""
+
+    cluster: Cluster
+    addresses: dict[str, str | None]
+    """Each node's address as the launch node resolves it (ssh's HostName)."""
+    master_addr: str | None
+    ports: dict[str, list[int]]
+    facts: dict[str, dict] = field(default_factory=dict)
+    failed: dict[str, NodeResult] = field(default_factory=dict)
+    """Nodes whose probe did not run or did not answer with a fact sheet."""
+    quick: bool = False
+    launch_env: dict[str, str] = field(default_factory=dict)
+
+
+def _resolve(name: str) -> str | None:
+    try:
+        infos = socket.getaddrinfo(name, None, socket.AF_INET, socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError):
+        return None
+    return infos[0][4][0] if infos else None
+
+
+def node_addresses(cluster: Cluster) -> dict[str, str | None]:
+    names = ssh_hostnames(cluster.nodes)
+    return {host: _resolve(name) for host, name in names.items()}
+
+
+def _peer_ssh_argv(peer: Node) -> list[str]:
+    argv = ssh_base_argv(peer.host, peer.ssh, multiplex=False)
+    host = argv[-2:]  # ["--", host]
+    # Strict host keys: the N x N check must fail where a launcher's ssh would.
+    return [*argv[:-2], "-oStrictHostKeyChecking=yes", *host, "true"]
+
+
+def plan_params(
+    cluster: Cluster, addresses: dict[str, str | None], *, quick: bool, rng: random.Random
+) -> tuple[dict[str, dict], dict[str, list[int]]]:
+    """The probe parameters for every node (pure but for `rng`)."""
+    run_id = f"{rng.getrandbits(48):012x}"
+    ports = {n.host: rng.sample(range(*EPHEMERAL_PORTS), PORTS_PER_NODE) for n in cluster.nodes}
+    master_port = cluster.master_port
+    peers = [
+        {
+            "node": n.host,
+            "address": addresses[n.host],
+            "ports": ports[n.host] + ([master_port] if n.host == cluster.master else []),
+            "ssh_argv": None if quick else _peer_ssh_argv(n),
+        }
+        for n in cluster.nodes
+    ]
+    multi = len(cluster.nodes) > 1
+    params = {}
+    for node in cluster.nodes:
+        listen = ports[node.host] + ([master_port] if node.host == cluster.master else [])
+        params[node.host] = {
+            "node": node.host,
+            "run_id": run_id,
+            "master_name": cluster.master,
+            "master_addr": addresses[cluster.master],
+            "workdir": cluster.workdir or os.getcwd(),
+            "listen_ports": listen if multi else [],
+            "owner_ports": [master_port],
+            "peers": [p for p in peers if p["address"]] if multi else [],
+            "quick": quick,
+            "connect_timeout": PAIR_CONNECT_TIMEOUT_S,
+            "skew": START_SKEW_S,
+            "import_timeout": IMPORT_TIMEOUT_S,
+        }
+    return params, ports
+
+
+def collect(cluster: Cluster, *, quick: bool = False, seed: int | None = None) -> Survey:
+    """Run the probe on every node at once and return what came back."""
+    addresses = node_addresses(cluster)
+    rng = random.Random(seed if seed is not None else secrets.randbits(64))
+    params, ports = plan_params(cluster, addresses, quick=quick, rng=rng)
+    survey = Survey(
+        cluster=cluster,
+        addresses=addresses,
+        master_addr=addresses.get(cluster.master),
+        ports=ports,
+        quick=quick,
+        launch_env=dict(os.environ),
+    )
+    argv = {n.host: [n.python, "-"] for n in cluster.nodes}
+    payloads = {host: probe.payload(p) for host, p in params.items()}
+    budget = PAIR_CONNECT_TIMEOUT_S + START_SKEW_S + (5 if quick else IMPORT_TIMEOUT_S + 15)
+    for node, result in zip(
+        cluster.nodes,
+        run_on_nodes(cluster.nodes, argv, stdin=payloads, timeout=budget),
+        strict=True,
+    ):
+        facts = _fact_sheet(result) if result.ok else None
+        if facts is None:
+            survey.failed[node.host] = result
+        else:
+            survey.facts[node.host] = facts
+    _remove_tokens(cluster, survey, params)
+    return survey
+
+
+def _fact_sheet(result: NodeResult) -> dict | None:
+    for line in reversed(result.stdout.splitlines()):
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except ValueError:
+                return None
+    return None
+
+
+def _remove_tokens(cluster: Cluster, survey: Survey, params: dict[str, dict]) -> None:
+    """The shared-storage tokens: removed from every node that wrote one."""
+    nodes = [
+        n
+        for n in cluster.nodes
+        if survey.facts.get(n.host, {}).get("active", {}).get("token") == "written"
+    ]
+    if nodes:
+        token_dir = {
+            n.host: [
+                "rm",
+                "-rf",
+                "--",
+                os.path.join(
+                    params[n.host]["workdir"], f".trainfleet-doctor-{params[n.host]['run_id']}"
+                ),
+            ]
+            for n in nodes
+        }
+        run_on_nodes(nodes, token_dir, timeout=15)

@@ -1,0 +1,50 @@
+"""The human report: findings grouped by severity, identical node rows folded.
+
+>>> print(render(report))  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from trainfleet.doctor import DoctorReport
+from trainfleet.doctor.findings import Severity
+from trainfleet.nodeset import fold_groups, fold_names
+
+_LABEL = {Severity.ERROR: "ERROR", Severity.WARNING: "WARNING", Severity.INFO: "info"}
+
+
+def _counts(report: DoctorReport) -> str:
+    parts = []
+    for severity in (Severity.ERROR, Severity.WARNING, Severity.INFO):
+        n = sum(1 for f in report.findings if f.severity is severity)
+        if n:
+            parts.append(f"{n} {str(severity)}{'s' if n > 1 else ''}")
+    return ", ".join(parts) or "no problems found"
+
+
+def render(report: DoctorReport) -> str:
+    head = f"trainfleet doctor: {len(report.nodes)} node(s), {_counts(report)}"
+    lines = [f"{head} ({report.seconds:.1f} s)"]
+    for finding in report.findings:
+        where = fold_names(finding.nodes) if finding.nodes else "this machine"
+        lines += ["", f"{_LABEL[finding.severity]:7} {finding.id}  [{where}]"]
+        lines += [f"  {line}" for line in finding.evidence]
+        if finding.fix:
+            lines.append(f"  fix: {finding.fix}")
+    for problem in report.problems:
+        lines += ["", f"doctor could not examine {problem}"]
+    lines += ["", "nodes (interface = what trainfleet sets per node: the route to the master):"]
+    rows = {}
+    for host, info in report.nodes.items():
+        if not info.get("reachable"):
+            rows[host] = f"unreachable: {info.get('failure')}"
+            continue
+        versions = info["versions"]
+        rows[host] = (
+            f"{info['interface'] or '?'} ({info['subnet'] or '-'})  NCCL default: "
+            f"{info['nccl_default'] or '-'}  gloo default: {info['gloo_default']}  "
+            f"python {versions['python']}  torch {versions['torch'] or '-'}  "
+            f"GPUs {info['gpus']}/{info['slots']} slots"
+        )
+    for names, text in fold_groups(rows):
+        lines.append(f"  {names}: {text}")
+    return "\n".join(lines)
