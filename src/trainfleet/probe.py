@@ -401,12 +401,15 @@ def code_hash(workdir, limit=2000):
 
 
 class Listeners:
-    """Listens on the chosen ports and counts connections until `expected` or the deadline."""
+    """Listens on the chosen ports. A connection is read to EOF: connectivity checks close at
+    once, the bandwidth sender streams; bytes and times per sender address are kept."""
 
     def __init__(self, ports):
         self.status = {}
         self.sockets = []
         self.accepted = 0
+        self.streams = {}  # sender address -> (bytes, first byte time, last byte time)
+        self._readers = []
         for port in ports:
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             # As torch's TCPStore does: a port in TIME_WAIT from the last run is free, a port
@@ -430,11 +433,31 @@ class Listeners:
         while not self._stop.is_set():
             for sock in self.sockets:
                 try:
-                    conn, _ = sock.accept()
-                    conn.close()
-                    self.accepted += 1
+                    conn, addr = sock.accept()
                 except OSError:
-                    pass
+                    continue
+                self.accepted += 1
+                reader = threading.Thread(target=self._drain, args=(conn, addr[0]), daemon=True)
+                self._readers.append(reader)
+                reader.start()
+
+    def _drain(self, conn, address):
+        total, first, last = 0, None, None
+        conn.settimeout(5)
+        try:
+            while True:
+                chunk = conn.recv(1 << 16)
+                if not chunk:
+                    break
+                last = time.time()
+                first = first or last
+                total += len(chunk)
+        except OSError:
+            pass
+        finally:
+            conn.close()
+        if total:
+            self.streams[address] = (total, first, last)
 
     def close_when(self, expected, deadline):
         while self.accepted < expected and time.time() < deadline:
@@ -442,8 +465,30 @@ class Listeners:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join()
+        for reader in self._readers:
+            reader.join(max(0.0, deadline + 2 - time.time()))
         for sock in self.sockets:
             sock.close()
+
+
+def send_stream(address, port, seconds):
+    """Stream zeros to a peer's listener for `seconds`; the receiver measures the rate."""
+    try:
+        sock = socket.create_connection((address, port), timeout=3)
+    except OSError as exc:
+        return "not connected: %s" % (exc.strerror or exc)
+    block = bytes(1 << 16)
+    end = time.time() + seconds
+    sent = 0
+    try:
+        sock.settimeout(max(0.5, seconds * 2))
+        while time.time() < end:
+            sent += sock.send(block)
+    except OSError as exc:
+        return "interrupted: %s" % (exc.strerror or exc)
+    finally:
+        sock.close()
+    return "sent %d bytes" % sent
 
 
 def tcp_check(address, port, deadline, attempt_timeout):
@@ -472,7 +517,10 @@ def tcp_check(address, port, deadline, attempt_timeout):
 def ssh_check(argv, timeout):
     start = time.time()
     code, _, err = run(argv, timeout=timeout)
-    return {"rc": code, "stderr": err.strip()[-600:], "seconds": round(time.time() - start, 3)}
+    err = err.strip()
+    if len(err) > 800:  # ssh's verdict can be in the banner's first line or in the last
+        err = err[:400] + "\n...\n" + err[-400:]
+    return {"rc": code, "stderr": err, "seconds": round(time.time() - start, 3)}
 
 
 def active_tests(params, results):
@@ -555,12 +603,23 @@ def main(params):
 
     for thread in threads:
         thread.join()
+    target = params.get("bandwidth_to")
+    if target:
+        active["bandwidth_send"] = send_stream(
+            target["address"], target["port"], params.get("bandwidth_seconds", 0.3)
+        )
     peers = [p for p in params.get("peers", []) if p["node"] != me]
     listeners.close_when(
-        len(peers) * len(listeners.sockets),
+        len(peers) * len(listeners.sockets) + (1 if params.get("bandwidth_from") else 0),
         started + params.get("connect_timeout", 3) + params.get("skew", 2),
     )
     active["listen"] = listeners.status
+    by_address = {p["address"]: p["node"] for p in peers}
+    active["bandwidth_in"] = {
+        by_address.get(addr, addr): {"bytes": n, "seconds": round(last - first, 4)}
+        for addr, (n, first, last) in listeners.streams.items()
+        if n > 1 << 16
+    }
     if params.get("peers"):
         seen = set(os.listdir(token_dir)) if os.path.isdir(token_dir) else set()
         active["shared"] = {p["node"]: p["node"] in seen for p in peers}

@@ -12,7 +12,9 @@ import sys
 
 import pytest
 
-from trainfleet.sandbox.faults import DECOY_IFACE, SMALL_MTU
+from trainfleet.cluster import load_cluster
+from trainfleet.remote import run_on_nodes
+from trainfleet.sandbox.faults import BARE_PATH, DECOYS, SMALL_MTU
 
 pytestmark = pytest.mark.cluster
 
@@ -88,7 +90,20 @@ def test_link_faults_mtu_slow_link_decoy(make_sandbox):
     assert _in_node(box, 2, ["cat", f"/sys/class/net/{node.ifname}/mtu"]) == str(SMALL_MTU)
     assert _in_node(box, 1, ["cat", f"/sys/class/net/{box.node(1).ifname}/mtu"]) == "1500"
     assert "tbf" in _in_node(box, 2, ["tc", "qdisc", "show", "dev", node.ifname])
-    assert "172.17.0.1/16" in _in_node(box, 2, ["ip", "-o", "-4", "addr", "show", DECOY_IFACE])
+    links = _in_node(box, 2, ["ip", "-o", "-4", "addr", "show"])
+    for name, address in DECOYS.items():
+        assert f"{name}    inet {address}" in links
+    names = [line.split()[1] for line in links.splitlines()]
+    assert names.index("virbr0") < names.index(node.ifname)  # decoys come first, as NCCL sees
+
+
+def test_hostname_unresolvable_and_bare_environment(make_sandbox):
+    box = make_sandbox(nodes=2, faults=["hostname-unresolvable@2", "remote-env-differs@2"])
+    assert _in_node(box, 2, ["getent", "hosts", "gpu-node-2"]) == ""
+    assert _in_node(box, 1, ["getent", "hosts", "gpu-node-2"]).split()[0] == box.node(2).address
+    cluster = load_cluster(cluster_file=str(box.cluster_file))
+    paths = [r.stdout.strip() for r in run_on_nodes(cluster.nodes, ["sh", "-c", "echo $PATH"])]
+    assert paths[1] == BARE_PATH and paths[0] != BARE_PATH
 
 
 def test_node_down_does_not_answer(make_sandbox):

@@ -66,7 +66,7 @@ def test_plan_nodes_names_addresses_and_interfaces():
 
 @pytest.mark.parametrize(
     "count,ifnames",
-    [(0, []), (201, []), (3, ["a", "b"]), (1, ["bad;name"]), (1, ["docker0"]), (1, ["lo"])],
+    [(0, []), (201, []), (3, ["a", "b"]), (1, ["bad;name"]), (1, ["virbr0"]), (1, ["lo"])],
 )
 def test_plan_nodes_rejects_bad_input(count, ifnames):
     with pytest.raises(SandboxError):
@@ -105,12 +105,23 @@ def test_written_specs_load_back_as_the_same_cluster(tmp_path):
     assert doc["ssh"]["user"] == "root"
 
 
-def test_hosts_file_with_loopback_fault_maps_only_own_name_to_127_0_1_1():
+def test_hosts_file_maps_own_name_to_address_loopback_or_nothing():
     nodes = lifecycle._plan_nodes("x", 2, [], "10.9.9.0/24")
-    faulty = files.etc_hosts_text(nodes, nodes[1], loopback_self=True)
-    healthy = files.etc_hosts_text(nodes, nodes[0], loopback_self=False)
-    assert "127.0.1.1\tgpu-node-2" in faulty and f"{nodes[1].address}\tgpu-node-2" not in faulty
-    assert f"{nodes[1].address}\tgpu-node-2" in healthy and "127.0.1.1" not in healthy
+    own = f"{nodes[1].address}\tgpu-node-2"
+    faulty = files.etc_hosts_text(nodes, nodes[1], own_name="loopback")
+    healthy = files.etc_hosts_text(nodes, nodes[1])
+    absent = files.etc_hosts_text(nodes, nodes[1], own_name="absent")
+    assert "127.0.1.1\tgpu-node-2" in faulty and own not in faulty
+    assert own in healthy and "127.0.1.1" not in healthy
+    assert "gpu-node-2" not in absent and f"{nodes[0].address}\tgpu-node-1" in absent
+
+
+def test_bare_env_fault_sets_path_in_sshd(tmp_path):
+    node = lifecycle._plan_nodes("x", 1, [], "10.9.9.0/24")[0]
+    assert "SetEnv PATH=/usr/bin:/bin" in files.sshd_config_text(
+        node, tmp_path, trust=True, path="/usr/bin:/bin"
+    )
+    assert "SetEnv" not in files.sshd_config_text(node, tmp_path, trust=True)
 
 
 def test_sshd_config_without_trust_points_at_no_key(tmp_path):

@@ -31,6 +31,8 @@ PAIR_CONNECT_TIMEOUT_S = 3
 START_SKEW_S = 2
 """How long a probe keeps listening after its own tests, for peers that started later."""
 IMPORT_TIMEOUT_S = 20
+BANDWIDTH_SECONDS = 0.3
+"""How long each node streams to its ring successor for the slow-link check."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -86,6 +88,9 @@ def plan_params(
         for n in cluster.nodes
     ]
     multi = len(cluster.nodes) > 1
+    # Bandwidth in a ring, all links at once: node i streams to node i+1 (O(1) rounds).
+    ring = [n.host for n in cluster.nodes if addresses[n.host]]
+    successor = {h: ring[(i + 1) % len(ring)] for i, h in enumerate(ring)} if len(ring) > 2 else {}
     params = {}
     for node in cluster.nodes:
         listen = ports[node.host] + ([master_port] if node.host == cluster.master else [])
@@ -102,6 +107,15 @@ def plan_params(
             "connect_timeout": PAIR_CONNECT_TIMEOUT_S,
             "skew": START_SKEW_S,
             "import_timeout": IMPORT_TIMEOUT_S,
+            "bandwidth_to": {
+                "node": successor[node.host],
+                "address": addresses[successor[node.host]],
+                "port": ports[successor[node.host]][0],
+            }
+            if node.host in successor
+            else None,
+            "bandwidth_from": node.host in successor.values(),
+            "bandwidth_seconds": BANDWIDTH_SECONDS,
         }
     return params, ports
 

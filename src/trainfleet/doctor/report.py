@@ -36,7 +36,7 @@ def render(report: DoctorReport) -> str:
     rows = {}
     for host, info in report.nodes.items():
         if not info.get("reachable"):
-            rows[host] = f"unreachable: {info.get('failure')}"
+            rows[host] = f"not examined: {info.get('failure')}"
             continue
         versions = info["versions"]
         rows[host] = (

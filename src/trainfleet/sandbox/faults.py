@@ -53,13 +53,24 @@ FAULTS: dict[str, FaultKind] = {
         "ssh-unreachable", "last", "the node's link is down and it runs no sshd"
     ),
     "decoy-iface": FaultKind(
-        "iface-wrong", "last", "a `docker0` interface with an unrelated address on the node"
+        "iface-wrong",
+        "last",
+        "`virbr0` and `docker0` with unrelated addresses, ahead of the data interface",
+    ),
+    "hostname-unresolvable": FaultKind(
+        "hostname-unresolvable", "last", "the node's own name is missing from its /etc/hosts"
+    ),
+    "remote-env-differs": FaultKind(
+        "remote-env-differs",
+        "last",
+        "non-interactive ssh gets PATH=/usr/bin:/bin:/usr/sbin:/sbin and no ~/.bashrc",
     ),
 }
 
 SLOW_LINK_RATE = "50mbit"
-DECOY_IFACE = "docker0"
-DECOY_ADDR = "172.17.0.1/16"
+DECOYS = {"virbr0": "192.168.122.1/24", "docker0": "172.17.0.1/16"}
+"""libvirt's and docker's bridges: NCCL skips docker* by default but not virbr*."""
+BARE_PATH = "/usr/bin:/bin:/usr/sbin:/sbin"
 SMALL_MTU = 1280
 
 

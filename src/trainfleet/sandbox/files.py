@@ -32,7 +32,9 @@ class SandboxNode:
         return asdict(self)
 
 
-def sshd_config_text(node: SandboxNode, state: Path, *, trust: bool) -> str:
+def sshd_config_text(
+    node: SandboxNode, state: Path, *, trust: bool, path: str | None = None
+) -> str:
     node_dir = state / "nodes" / node.hostname
     authorized = state / "authorized_keys" if trust else Path("/nonexistent/authorized_keys")
     return "\n".join(
@@ -55,18 +57,20 @@ def sshd_config_text(node: SandboxNode, state: Path, *, trust: bool) -> str:
             "MaxSessions 200",
             "Subsystem sftp internal-sftp",
             "LogLevel ERROR",
+            *([f"SetEnv PATH={path}"] if path else []),
             "",
         ]
     )
 
 
-def etc_hosts_text(nodes: list[SandboxNode], me: SandboxNode, *, loopback_self: bool) -> str:
+def etc_hosts_text(nodes: list[SandboxNode], me: SandboxNode, *, own_name: str = "address") -> str:
+    """/etc/hosts of node `me`; its own name maps to its address, to 127.0.1.1 ('loopback',
+    as Debian/Ubuntu installers write it) or nowhere ('absent')."""
     lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
-    if loopback_self:
-        # What Debian/Ubuntu installers write: the machine's own name on 127.0.1.1.
+    if own_name == "loopback":
         lines.append(f"127.0.1.1\t{me.hostname}")
     for node in nodes:
-        if not (loopback_self and node is me):
+        if node is not me or own_name == "address":
             lines.append(f"{node.address}\t{node.hostname}")
     return "\n".join(lines) + "\n"
 

@@ -32,8 +32,8 @@ from trainfleet.cluster import DEFAULT_MASTER_PORT
 from trainfleet.errors import SandboxError
 from trainfleet.sandbox import files, netns
 from trainfleet.sandbox.faults import (
-    DECOY_ADDR,
-    DECOY_IFACE,
+    BARE_PATH,
+    DECOYS,
     SLOW_LINK_RATE,
     SMALL_MTU,
     Fault,
@@ -160,7 +160,7 @@ def _plan_nodes(
             "give one name for all nodes, or one per node (--ifnames ens14f0,ens14f1)",
         )
     for ifname in ifnames:
-        if not _IFNAME_RE.match(ifname) or ifname in ("lo", DECOY_IFACE):
+        if not _IFNAME_RE.match(ifname) or ifname == "lo" or ifname in DECOYS:
             raise SandboxError(f"bad interface name {ifname!r}", "use e.g. eth0 or ens14f0")
     net = ipaddress.ip_network(subnet)
     hosts = list(net.hosts())
@@ -266,6 +266,8 @@ def _build(sandbox: Sandbox) -> None:
         node_dir.mkdir(parents=True, exist_ok=True)
         host_keys[node.index] = _keygen(node_dir / "ssh_host_ed25519_key")
         netns.run(["ip", "netns", "add", ns])
+        if node.index in _faulted(sandbox, "decoy-iface"):
+            _add_decoys(ns)  # first, so they come before the data interface, as on real hosts
         # The peer is created straight inside the namespace: every node may call it eth0.
         netns.run(
             [
@@ -286,15 +288,22 @@ def _build(sandbox: Sandbox) -> None:
         netns.run(["ip", "-n", ns, "addr", "add", f"{node.address}/{prefix}", "dev", node.ifname])
         netns.run(["ip", "-n", ns, "link", "set", "lo", "up"])
         netns.run(["ip", "-n", ns, "link", "set", node.ifname, "up"])
-        loopback = node.index in _faulted(sandbox, "hostname-loopback")
-        _write(
-            Path("/etc/netns") / ns / "hosts",
-            files.etc_hosts_text(sandbox.nodes, node, loopback_self=loopback),
-        )
-        if sandbox.login_shell:
-            _write(Path("/etc/netns") / ns / "passwd", _passwd_with_root_shell(sandbox.login_shell))
+        own_name = "address"
+        if node.index in _faulted(sandbox, "hostname-loopback"):
+            own_name = "loopback"
+        elif node.index in _faulted(sandbox, "hostname-unresolvable"):
+            own_name = "absent"
+        hosts = files.etc_hosts_text(sandbox.nodes, node, own_name=own_name)
+        _write(Path("/etc/netns") / ns / "hosts", hosts)
+        bare_env = node.index in _faulted(sandbox, "remote-env-differs")
+        shell = "/bin/sh" if bare_env else sandbox.login_shell
+        if shell:
+            _write(Path("/etc/netns") / ns / "passwd", _passwd_with_root_shell(shell))
         trust = node.index not in _faulted(sandbox, "ssh-auth-failed")
-        _write(node_dir / "sshd_config", files.sshd_config_text(node, state, trust=trust))
+        sshd_config = files.sshd_config_text(
+            node, state, trust=trust, path=BARE_PATH if bare_env else None
+        )
+        _write(node_dir / "sshd_config", sshd_config)
 
     _write_client_files(sandbox, host_keys)
     _apply_network_faults(sandbox)
@@ -344,25 +353,17 @@ def _apply_network_faults(sandbox: Sandbox) -> None:
             netns.run(["ip", "-n", ns, "link", "set", node.ifname, "mtu", str(SMALL_MTU)])
         elif fault.name == "node-down":
             netns.run(["ip", "-n", ns, "link", "set", node.ifname, "down"])
-        elif fault.name == "decoy-iface":
-            netns.run(
-                [
-                    "ip",
-                    "-n",
-                    ns,
-                    "link",
-                    "add",
-                    DECOY_IFACE,
-                    "type",
-                    "veth",
-                    "peer",
-                    "name",
-                    "docker0-peer",
-                ]
-            )
-            netns.run(["ip", "-n", ns, "addr", "add", DECOY_ADDR, "dev", DECOY_IFACE])
-            netns.run(["ip", "-n", ns, "link", "set", "docker0-peer", "up"])
-            netns.run(["ip", "-n", ns, "link", "set", DECOY_IFACE, "up"])
+
+
+def _add_decoys(ns: str) -> None:
+    """Bridges like libvirt's and docker's, with addresses on no cluster network. (No `dummy`
+    kernel module here: each is a veth whose peer stays in the namespace.)"""
+    for name, address in DECOYS.items():
+        peer = f"{name}-peer"
+        netns.run(["ip", "-n", ns, "link", "add", name, "type", "veth", "peer", "name", peer])
+        netns.run(["ip", "-n", ns, "addr", "add", address, "dev", name])
+        netns.run(["ip", "-n", ns, "link", "set", peer, "up"])
+        netns.run(["ip", "-n", ns, "link", "set", name, "up"])
 
 
 def _start_sshds(sandbox: Sandbox) -> None:

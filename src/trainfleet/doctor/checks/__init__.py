@@ -20,6 +20,7 @@ CHECKS = (
     network.check_interfaces,
     network.check_mtu,
     network.check_ipv6,
+    network.check_slow_link,
     software.check_versions,
     software.check_torch,
     software.check_tools,

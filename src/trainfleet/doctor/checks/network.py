@@ -106,7 +106,9 @@ def check_port_in_use(survey: Survey) -> list[Finding]:
     if not holders and "in use" not in bind:
         return []
     owner = next((h for h in holders if h.get("pid")), None)
-    who = f"pid {owner['pid']}: {owner['cmd']}" if owner else "a process this user cannot see"
+    command = " ".join((owner or {}).get("cmd", "").split())
+    command = command if len(command) <= 120 else command[:117] + "..."
+    who = f"pid {owner['pid']}: {command}" if owner else "a process this user cannot see"
     return [
         Finding(
             id="port-in-use",
@@ -319,3 +321,42 @@ def check_ipv6(survey: Survey) -> list[Finding]:
                 )
             )
     return findings
+
+
+SLOW_FACTOR = 5
+"""A link this many times slower than the median of the others is named."""
+
+
+def link_rates(survey: Survey) -> dict[tuple[str, str], float]:
+    """MB/s per (sender, receiver) from the ring bandwidth test, as the receivers measured."""
+    rates = {}
+    for dst, facts in survey.facts.items():
+        for src, sample in facts.get("active", {}).get("bandwidth_in", {}).items():
+            if sample["seconds"] > 0:
+                rates[(src, dst)] = sample["bytes"] / sample["seconds"] / 1e6
+    return rates
+
+
+def check_slow_link(survey: Survey) -> list[Finding]:
+    rates = link_rates(survey)
+    if len(rates) < 3:
+        return []  # nothing to compare with
+    ordered = sorted(rates.values())
+    median = ordered[len(ordered) // 2]
+    slow = {link: r for link, r in rates.items() if r * SLOW_FACTOR < median}
+    if not slow:
+        return []
+    ends = Counter(node for link in slow for node in link)
+    # A slow node slows both its ring links; one slow link alone names both of its ends.
+    named = [n for n, count in ends.items() if count >= 2] or sorted(ends)
+    return [
+        Finding(
+            id="slow-link",
+            severity=Severity.WARNING,
+            nodes=tuple(named),
+            evidence=[f"{src} -> {dst}: {rate:.1f} MB/s" for (src, dst), rate in slow.items()]
+            + [f"median of all {len(rates)} links: {median:.1f} MB/s"],
+            fix=f"check {fold_names(named)}'s link: speed and duplex (`ethtool IFACE`), cabling, "
+            "traffic shaping (`tc qdisc show`); `trainfleet commtest` measures it in full",
+        )
+    ]

@@ -124,9 +124,10 @@ def check_clocks(survey: Survey, started: float, finished: float) -> list[Findin
 
 def check_shared_storage(survey: Survey) -> list[Finding]:
     apart = []
+    wrote = {h for h, f in survey.facts.items() if f.get("active", {}).get("token") == "written"}
     for host, facts in survey.facts.items():
         for peer, seen in facts.get("active", {}).get("shared", {}).items():
-            if not seen:
+            if not seen and peer in wrote:
                 apart.append(f"{host} does not see {peer}'s file in the working directory")
     if not apart:
         return []

@@ -153,6 +153,7 @@ def check_tools(survey: Survey) -> list[Finding]:
                     fix=f"`{facts['python']['executable']} -m pip install ninja` on {host}",
                 )
             )
+    findings += _path_differences(survey)
     for tool in _TOOLS:
         present = {h for h, f in survey.facts.items() if f.get("tools", {}).get(tool)}
         here = shutil.which(tool) is not None
@@ -234,3 +235,29 @@ def check_launcher(survey: Survey) -> list[Finding]:
             fix="`apt-get install pdsh` if you launch with `deepspeed --hostfile`",
         )
     ]
+
+
+def _path_differences(survey: Survey) -> list[Finding]:
+    """Directories on every other node's non-interactive PATH but not on this one's."""
+    paths = {h: [d for d in f.get("path", "").split(":") if d] for h, f in survey.facts.items()}
+    findings = []
+    for host, dirs in paths.items():
+        others = [set(d) for h, d in paths.items() if h != host]
+        if not others:
+            continue
+        missing = sorted(set.intersection(*others) - set(dirs))
+        if missing:
+            findings.append(
+                Finding(
+                    id="remote-env-differs",
+                    severity=Severity.WARNING,
+                    nodes=(host,),
+                    evidence=[
+                        f"{host}'s non-interactive PATH lacks {', '.join(missing)} "
+                        f"(PATH there: {':'.join(dirs)})"
+                    ],
+                    fix="activate the environment for non-interactive ssh too (before the "
+                    "early `return` in ~/.bashrc), or set PATH in cluster.yaml `env:`",
+                )
+            )
+    return findings

@@ -43,6 +43,8 @@ def check_node_to_node_ssh(survey: Survey) -> list[Finding]:
     findings = []
     for src, facts in survey.facts.items():
         for dst, outcome in facts.get("active", {}).get("ssh", {}).items():
+            if dst in survey.failed:
+                continue  # already an error from this machine; one finding is enough
             failure = classify(outcome["rc"], outcome["stderr"], outcome["rc"] == 124, True)
             if failure is Failure.NONE:
                 continue
