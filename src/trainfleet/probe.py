@@ -558,7 +558,7 @@ def main(params):
     token_dir = os.path.join(workdir, ".trainfleet-doctor-%s" % params.get("run_id", "x"))
     if params.get("peers"):
         try:
-            os.makedirs(token_dir, exist_ok=True)
+            os.mkdir(token_dir)  # never makedirs: a missing workdir is a finding, not created
             open(os.path.join(token_dir, me), "w").write(str(os.getpid()))
             active["token"] = "written"
         except OSError as exc:

@@ -58,6 +58,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="root's login shell on the nodes (e.g. /bin/sh: skip ~/.bashrc; default: unchanged)",
     )
+    up.add_argument(
+        "--node-local-dir",
+        metavar="DIR",
+        help="an existing directory that each node sees as its own private copy (no shared "
+        "storage there: what clusters without NFS look like)",
+    )
     for p in (
         up,
         sub.add_parser("down", help="remove everything `up` made"),
@@ -77,6 +83,7 @@ def _run_up(args: argparse.Namespace) -> int:
         subnet=args.subnet,
         master_port=args.master_port,
         login_shell=args.login_shell,
+        node_local_dir=args.node_local_dir,
     )
     if args.json:
         print(json.dumps(box.to_json(), indent=2))

@@ -66,6 +66,8 @@ class Sandbox:
     master_port: int = DEFAULT_MASTER_PORT
     login_shell: str | None = None
     """root's login shell on the nodes; None keeps this machine's (and its ~/.bashrc)."""
+    node_local_dir: str | None = None
+    """A path that each node sees as its own private directory (no shared storage there)."""
 
     @property
     def cluster_file(self) -> Path:
@@ -99,6 +101,7 @@ class Sandbox:
             "slots": self.slots,
             "master_port": self.master_port,
             "login_shell": self.login_shell,
+            "node_local_dir": self.node_local_dir,
             "faults": [str(f) for f in self.faults],
             "nodes": [n.to_json() for n in self.nodes],
             "cluster_file": str(self.cluster_file),
@@ -117,6 +120,7 @@ class Sandbox:
             slots=data["slots"],
             master_port=data["master_port"],
             login_shell=data.get("login_shell"),
+            node_local_dir=data.get("node_local_dir"),
             faults=[parse_fault(f, hostnames) for f in data["faults"]],
             nodes=[files.SandboxNode(**n) for n in data["nodes"]],
         )
@@ -201,12 +205,17 @@ def up(
     subnet: str | None = None,
     master_port: int = DEFAULT_MASTER_PORT,
     login_shell: str | None = None,
+    node_local_dir: str | None = None,
 ) -> Sandbox:
     """Create the sandbox; on any failure, remove whatever was made and raise.
 
     `login_shell` (e.g. /bin/sh) replaces root's shell on the nodes, so that commands skip this
     machine's ~/.bashrc; for benchmarks, where all nodes share this machine's cores.
+    `node_local_dir`: every node sees its own private directory at that path (the state dir's
+    nodes/HOST/local, bind-mounted), as nodes without shared storage do.
     """
+    if node_local_dir is not None and not Path(node_local_dir).is_dir():
+        raise SandboxError(f"{node_local_dir} is not a directory", "create it first")
     if login_shell is not None and not os.access(login_shell, os.X_OK):
         raise SandboxError(f"login shell {login_shell} is not an executable", "use e.g. /bin/sh")
     netns.require_root_and_netns()
@@ -230,6 +239,7 @@ def up(
         slots=slots,
         master_port=master_port,
         login_shell=login_shell,
+        node_local_dir=node_local_dir,
     )
     try:
         _build(sandbox)
@@ -374,23 +384,22 @@ def _start_sshds(sandbox: Sandbox) -> None:
         if node.index in down_nodes:
             continue
         node_dir = sandbox.state_dir / "nodes" / node.hostname
-        # Own UTS namespace: every ssh session into the node sees its hostname.
+        # Own UTS namespace: every ssh session into the node sees its hostname; own mount
+        # namespace: the node-local directory, if any, is private to it.
         script = 'hostname "$1" && exec "$2" -f "$3" -E "$4"'
+        if sandbox.node_local_dir:
+            local = node_dir / "local"
+            local.mkdir(exist_ok=True)
+            script = f'mount --bind "$5" "$6" && {script}'
         argv = netns.in_netns(
             node.netns,
             [
-                "unshare",
-                "--uts",
-                "sh",
-                "-c",
-                script,
-                "sh",
-                node.hostname,
-                netns.SSHD,
-                str(node_dir / "sshd_config"),
-                str(node_dir / "sshd.log"),
+                "unshare", "--uts", "--mount", "sh", "-c", script, "sh",
+                node.hostname, netns.SSHD, str(node_dir / "sshd_config"),
+                str(node_dir / "sshd.log"), str(node_dir / "local"),
+                sandbox.node_local_dir or "",
             ],
-        )
+        )  # fmt: skip
         starting.append(
             (
                 node,

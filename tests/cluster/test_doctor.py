@@ -1,0 +1,187 @@
+"""doctor against real sandboxes: every PITFALLS.md entry marked "sandbox" is injected and must
+be reported with its id, on the right node(s), with evidence and a fix; a clean sandbox has no
+error. (pdsh-missing is a check of this machine alone: tests/unit covers it.)"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from trainfleet.cli.main import main
+from trainfleet.cluster import load_cluster
+from trainfleet.doctor import run_doctor
+from trainfleet.doctor.findings import Severity
+
+pytestmark = pytest.mark.cluster
+
+IFNAMES = ["ens14f0", "ens14f1", "ens14f2"]
+
+
+def _doctor(cluster_file, **kwargs):
+    cluster = load_cluster(cluster_file=str(cluster_file))
+    return run_doctor(cluster, **kwargs)
+
+
+def _by_id(report) -> dict[str, list]:
+    found: dict[str, list] = {}
+    for finding in report.findings:
+        assert finding.evidence and finding.fix, finding
+        found.setdefault(finding.id, []).append(finding)
+    return found
+
+
+def _nodes(report, pitfall: str, severity: Severity | None = None) -> set[str]:
+    return {
+        node
+        for f in _by_id(report).get(pitfall, [])
+        if severity is None or f.severity is severity
+        for node in f.nodes
+    }
+
+
+def _with(cluster_file: Path, tmp_path: Path, **changes) -> Path:
+    """A copy of a sandbox's cluster.yaml with `changes` merged in (top level, or per node)."""
+    doc = yaml.safe_load(cluster_file.read_text())
+    node_changes = changes.pop("nodes", {})
+    for key, value in changes.items():
+        doc[key] = {**doc[key], **value} if isinstance(value, dict) and key in doc else value
+    for entry in doc["nodes"]:
+        entry.update(node_changes.get(entry["host"], {}))
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_clean_sandbox_has_no_errors_and_json_names_nodes_as_in_the_spec(make_sandbox, capsys):
+    box = make_sandbox(nodes=3, ifnames=IFNAMES)
+    code = main(["doctor", "-c", str(box.cluster_file), "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0, report["findings"]
+    assert [f for f in report["findings"] if f["severity"] == "error"] == []
+    assert list(report["nodes"]) == ["gpu-node-1", "gpu-node-2", "gpu-node-3"]
+    chosen = [report["nodes"][f"gpu-node-{k}"]["interface"] for k in (1, 2, 3)]
+    assert chosen == IFNAMES  # what trainfleet sets per node: the route to the master
+
+
+def test_ssh_network_and_port_faults_are_named_on_their_nodes(make_sandbox, tmp_path):
+    box = make_sandbox(
+        nodes=6,
+        ifnames=[*IFNAMES, "eth0", "eth0", "eth0"],
+        faults=[
+            "firewall-blocks-ports@1",
+            "port-in-use@1",
+            "hostname-loopback@2",
+            "mtu-mismatch@3",
+            "ssh-auth-failed@4",
+            "ssh-hostkey-changed@5",
+            "node-down@6",
+        ],
+    )
+    report = _doctor(_with(box.cluster_file, tmp_path, ssh={"connect_timeout": 3}))
+    assert report.exit_code == 1
+    assert _nodes(report, "firewall-blocks-ports", Severity.ERROR) == {"gpu-node-1"}
+    firewall = _by_id(report)["firewall-blocks-ports"][0]
+    assert "master port 29500 gets through" in firewall.evidence[0]
+    assert "iptables -I INPUT -p tcp -s" in firewall.fix and box.subnet in firewall.fix
+    assert _nodes(report, "port-in-use") == {"gpu-node-1"}
+    assert "pid" in _by_id(report)["port-in-use"][0].evidence[0]
+    assert _nodes(report, "hostname-loopback") == {"gpu-node-2"}
+    assert _nodes(report, "mtu-mismatch") == {"gpu-node-3"}
+    assert _nodes(report, "ssh-auth-failed", Severity.ERROR) == {"gpu-node-4"}
+    assert _nodes(report, "ssh-hostkey-changed", Severity.ERROR) == {"gpu-node-5"}
+    assert _nodes(report, "ssh-unreachable", Severity.ERROR) == {"gpu-node-6"}
+
+
+def test_environment_name_link_and_hostkey_faults(make_sandbox):
+    box = make_sandbox(
+        nodes=5,
+        faults=[
+            "ssh-hostkey-unknown@2",
+            "remote-env-differs@4",
+            "hostname-unresolvable@5",
+            "firewall-ssh-only@5",
+        ],
+    )
+    report = _doctor(box.cluster_file)
+    assert _nodes(report, "ssh-hostkey-unknown", Severity.ERROR) == {"gpu-node-2"}
+    assert _nodes(report, "remote-env-differs") == {"gpu-node-4"}
+    assert _nodes(report, "hostname-unresolvable", Severity.ERROR) == {"gpu-node-5"}
+    assert _nodes(report, "firewall-blocks-ports") == {"gpu-node-5"}
+    assert "master port" not in _by_id(report)["firewall-blocks-ports"][0].evidence[0]
+
+
+def test_slow_link_is_named(make_sandbox):
+    box = make_sandbox(nodes=4, faults=["slow-link@3"])
+    report = _doctor(box.cluster_file, quick=True)
+    assert _nodes(report, "slow-link", Severity.WARNING) == {"gpu-node-3"}
+    assert report.exit_code == 0
+
+
+def test_one_global_interface_variable_for_differently_named_interfaces(make_sandbox, tmp_path):
+    """Seed 000: ens14f0 on one node, ens14f1 on the other, one value for all of them."""
+    box = make_sandbox(nodes=3, ifnames=IFNAMES, faults=["decoy-iface@2"])
+    env = {"GLOO_SOCKET_IFNAME": "ens14f0", "NCCL_SOCKET_IFNAME": "ens14f0"}
+    report = _doctor(_with(box.cluster_file, tmp_path, env=env), quick=True)
+    assert _nodes(report, "iface-mismatch", Severity.ERROR) == {"gpu-node-2", "gpu-node-3"}
+    evidence = " ".join(e for f in _by_id(report)["iface-mismatch"] for e in f.evidence)
+    assert "Unable to find address for: ens14f0" in evidence
+    # The decoys do not fool the interface choice; NCCL's default would take virbr0.
+    assert report.nodes["gpu-node-2"]["interface"] == "ens14f1"
+    assert report.nodes["gpu-node-2"]["nccl_default"] == "virbr0"
+
+
+def test_decoy_interface_unset_variables(make_sandbox):
+    box = make_sandbox(nodes=2, ifnames=IFNAMES[:2], faults=["decoy-iface@2"])
+    report = _doctor(box.cluster_file, quick=True)
+    assert _nodes(report, "iface-wrong", Severity.WARNING) == {"gpu-node-2"}
+    assert "virbr0" in _by_id(report)["iface-wrong"][0].evidence[0]
+    assert report.exit_code == 0
+
+
+def test_missing_python_and_missing_torch(make_sandbox, tmp_path):
+    base_python = str(Path(sys.base_prefix) / "bin" / "python3")
+    probe = subprocess.run([base_python, "-c", "import torch"], capture_output=True)
+    if probe.returncode == 0:
+        pytest.skip(f"{base_python} has torch: no interpreter without it to test with")
+    box = make_sandbox(nodes=3)
+    nodes = {
+        "gpu-node-2": {"python": "/nonexistent/bin/python3"},
+        "gpu-node-3": {"python": base_python},
+    }
+    report = _doctor(_with(box.cluster_file, tmp_path, nodes=nodes), quick=True)
+    assert _nodes(report, "remote-path-missing", Severity.ERROR) == {"gpu-node-2"}
+    assert _nodes(report, "torch-missing", Severity.ERROR) == {"gpu-node-3"}
+    workdir = _with(box.cluster_file, tmp_path, workdir="/nonexistent/work")
+    assert _nodes(_doctor(workdir, quick=True), "remote-path-missing") == {
+        "gpu-node-1",
+        "gpu-node-2",
+        "gpu-node-3",
+    }
+
+
+def test_no_shared_storage_and_different_code(make_sandbox, tmp_path):
+    local = tmp_path / "work"
+    local.mkdir()
+    box = make_sandbox(nodes=3, node_local_dir=str(local))
+    for node in box.nodes:  # each node's private copy of the code; node 3's differs
+        code = box.state_dir / "nodes" / node.hostname / "local" / "train.py"
+        code.write_text("print('v2')\n" if node.index == 3 else "print('v1')\n")
+    report = _doctor(_with(box.cluster_file, tmp_path, workdir=str(local)))
+    assert _nodes(report, "code-differs", Severity.ERROR) == {"gpu-node-3"}
+    assert _nodes(report, "shared-dir-missing", Severity.INFO) == {
+        "gpu-node-1",
+        "gpu-node-2",
+        "gpu-node-3",
+    }
+
+
+def test_unreachable_node_is_reported_within_the_connect_timeout(make_sandbox, tmp_path):
+    box = make_sandbox(nodes=2, faults=["node-down@2"])
+    report = _doctor(_with(box.cluster_file, tmp_path, ssh={"connect_timeout": 2}), quick=True)
+    assert _nodes(report, "ssh-unreachable") == {"gpu-node-2"}
+    assert report.seconds < 2 + 8  # connect timeout + the probe's own bounded waits
