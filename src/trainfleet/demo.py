@@ -1,4 +1,5 @@
-"""`make demo`: a 3-node sandbox, `trainfleet exec -- hostname` on it, and teardown.
+"""`make demo`: a 3-node sandbox, `doctor` on it (clean, then with a firewall fault), `exec`,
+and teardown.
 
     python -m trainfleet.demo
 
@@ -15,6 +16,7 @@ from trainfleet import sandbox
 from trainfleet.cli.main import main as trainfleet
 
 DEMO_NAME = "demo"
+IFNAMES = "ens14f0,ens14f1,ens14f2"
 
 
 def _step(argv: list[str]) -> int:
@@ -23,14 +25,27 @@ def _step(argv: list[str]) -> int:
 
 
 def run_demo() -> int:
-    cluster_file = sandbox.lifecycle.state_root() / DEMO_NAME / "cluster.yaml"
-    up = ["sandbox", "up", "--name", DEMO_NAME, "--nodes", "3"]
-    if _step([*up, "--ifnames", "ens14f0,ens14f1,ens14f2"]) != 0:
+    cluster_file = str(sandbox.lifecycle.state_root() / DEMO_NAME / "cluster.yaml")
+    up = ["sandbox", "up", "--name", DEMO_NAME, "--nodes", "3", "--ifnames", IFNAMES]
+    down = ["sandbox", "down", "--name", DEMO_NAME]
+    if _step(up) != 0:
         return 1
     try:
-        return _step(["exec", "-c", str(cluster_file), "--", "hostname"])
+        if _step(["doctor", "-c", cluster_file]) != 0:
+            return 1
+        if _step(["exec", "-c", cluster_file, "--", "hostname"]) != 0:
+            return 1
     finally:
-        _step(["sandbox", "down", "--name", DEMO_NAME])
+        _step(down)
+    # The seeds' worst case: ssh and port 29500 pass, NCCL's random ports are dropped.
+    print("\n# the same cluster with a firewall on gpu-node-1 that drops all but ssh and 29500:")
+    if _step([*up, "--fault", "firewall-blocks-ports@1"]) != 0:
+        return 1
+    try:
+        found = _step(["doctor", "-c", cluster_file, "--quick"])
+    finally:
+        _step(down)
+    return 0 if found == 1 else 1  # doctor must have found the error
 
 
 if __name__ == "__main__":

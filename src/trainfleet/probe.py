@@ -492,48 +492,89 @@ def send_stream(address, port, seconds):
 
 
 def tcp_check(address, port, deadline, attempt_timeout):
-    """'open', or why not: refused is retried until the deadline (the peer may not listen yet)."""
+    """('open' or why not, time of the last attempt). Refused is retried until the deadline:
+    the peer's probe may not listen yet (its ssh session can start seconds later)."""
     last = "timeout"
     while True:
         remaining = deadline - time.time()
         if remaining <= 0:
-            return last
+            return last, time.time()
         try:
             socket.create_connection(
                 (address, port), timeout=min(attempt_timeout, remaining)
             ).close()
-            return "open"
+            return "open", time.time()
         except socket.timeout:
-            return "timeout"
+            return "timeout", time.time()
         except ConnectionRefusedError:
             last = "refused"
         except OSError as exc:
             if exc.errno == 113:
-                return "no-route"  # EHOSTUNREACH: icmp-host-prohibited (firewalld REJECT)
+                return "no-route", time.time()  # EHOSTUNREACH: firewalld's icmp-host-prohibited
             last = "error: %s" % (exc.strerror or exc)
         time.sleep(0.1)
 
 
 def ssh_check(argv, timeout):
+    """Authenticate only (`ssh -N -v`, stopped at 'Authenticated to'): no remote shell runs,
+    so the N x N matrix costs handshakes, not N x N shell start-ups."""
     start = time.time()
-    code, _, err = run(argv, timeout=timeout)
-    err = err.strip()
+    try:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            errors="replace",
+        )
+    except OSError as exc:
+        return {"rc": 127, "stderr": str(exc), "seconds": 0.0}
+    lines = []
+    outcome = {"rc": None}
+
+    def read():
+        for line in proc.stderr:
+            if line.startswith("Authenticated to"):
+                outcome["rc"] = 0
+                proc.kill()
+                return
+            if not line.startswith("debug"):
+                lines.append(line.rstrip())
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(timeout)
+    if reader.is_alive() or outcome["rc"] is None:
+        try:
+            rc = proc.wait(0.1 if not reader.is_alive() else 0)
+        except subprocess.TimeoutExpired:
+            rc = None
+        if rc is None:
+            proc.kill()
+            lines.append("timed out after %s s" % timeout)
+            rc = 124
+        outcome["rc"] = rc
+    proc.wait()
+    err = "\n".join(lines).strip()
     if len(err) > 800:  # ssh's verdict can be in the banner's first line or in the last
         err = err[:400] + "\n...\n" + err[-400:]
-    return {"rc": code, "stderr": err, "seconds": round(time.time() - start, 3)}
+    return {"rc": outcome["rc"], "stderr": err, "seconds": round(time.time() - start, 3)}
 
 
 def active_tests(params, results):
     """Threads for the outbound TCP and ssh tests; fills `results` in place."""
     threads = []
-    deadline = time.time() + params["connect_timeout"]
+    deadline = time.time() + params["connect_timeout"] + params.get("skew", 2)
     tcp = results.setdefault("tcp", {})
     ssh = results.setdefault("ssh", {})
 
+    last_attempt = results.setdefault("tcp_last_attempt", {})
+
     def do_tcp(peer, port):
-        tcp.setdefault(peer["node"], {})[str(port)] = tcp_check(
-            peer["address"], port, deadline, params["connect_timeout"]
-        )
+        status, when = tcp_check(peer["address"], port, deadline, params["connect_timeout"])
+        tcp.setdefault(peer["node"], {})[str(port)] = status
+        last_attempt.setdefault(peer["node"], {})[str(port)] = when
 
     def do_ssh(peer):
         ssh[peer["node"]] = ssh_check(peer["ssh_argv"], params["connect_timeout"] + 5)
@@ -555,6 +596,7 @@ def main(params):
     me = params["node"]
     active = {}
     listeners = Listeners(params.get("listen_ports", []))
+    active["listen_since"] = time.time()
     token_dir = os.path.join(workdir, ".trainfleet-doctor-%s" % params.get("run_id", "x"))
     if params.get("peers"):
         try:
@@ -604,14 +646,22 @@ def main(params):
     for thread in threads:
         thread.join()
     target = params.get("bandwidth_to")
-    if target:
+    reachable = (
+        active.get("tcp", {})
+        .get((target or {}).get("node"), {})
+        .get(str((target or {}).get("port")))
+        == "open"
+    )
+    if target and not reachable:
+        active["bandwidth_send"] = "skipped: the port is not reachable"
+    elif target:
         active["bandwidth_send"] = send_stream(
             target["address"], target["port"], params.get("bandwidth_seconds", 0.3)
         )
     peers = [p for p in params.get("peers", []) if p["node"] != me]
     listeners.close_when(
         len(peers) * len(listeners.sockets) + (1 if params.get("bandwidth_from") else 0),
-        started + params.get("connect_timeout", 3) + params.get("skew", 2),
+        started + params.get("connect_timeout", 3) + 2 * params.get("skew", 2),
     )
     active["listen"] = listeners.status
     by_address = {p["address"]: p["node"] for p in peers}

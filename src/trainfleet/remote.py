@@ -85,8 +85,8 @@ _FIXES = {
     Failure.NO_ROUTE: "check {host}'s address and that it is up and on this network",
     Failure.DNS: "add {host} to /etc/hosts or ~/.ssh/config (HostName), or use its address",
     Failure.SSH_ERROR: "run `ssh -v {host} true` to see where the connection stops",
-    Failure.AUTH: "`ssh-copy-id {host}` (or add this machine's public key to the node's "
-    "~/.ssh/authorized_keys)",
+    Failure.AUTH: "`ssh-copy-id {host}` from the machine that connects (or add its public key "
+    "to {host}'s ~/.ssh/authorized_keys)",
     Failure.HOSTKEY_UNKNOWN: "check its fingerprint (`ssh-keyscan {host} | ssh-keygen -lf -`), "
     "then `ssh-keyscan {host} >> ~/.ssh/known_hosts`",
     Failure.HOSTKEY_CHANGED: "if {host} was reinstalled, confirm its new fingerprint, then "

@@ -21,7 +21,7 @@ from trainfleet.errors import SpecError
 
 pytestmark = pytest.mark.unit
 
-SAFE_HOST = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:%-]*")  # fullmatch: '$' would allow a '\n'
+SAFE_HOST = re.compile(r"[A-Za-z0-9_:][A-Za-z0-9_.:%-]*")  # no leading "-"; fullmatch, not $
 
 FUZZ = settings(
     max_examples=250,

@@ -16,7 +16,7 @@ import os
 import random
 import secrets
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from trainfleet import probe
 from trainfleet.cluster import Cluster, Node
@@ -30,6 +30,8 @@ PAIR_CONNECT_TIMEOUT_S = 3
 """How long a peer connect may take before it counts as dropped by a firewall."""
 START_SKEW_S = 2
 """How long a probe keeps listening after its own tests, for peers that started later."""
+PEER_SSH_TIMEOUT_S = 5
+"""ssh's ConnectTimeout node to node; the probe gives each such ssh PAIR_CONNECT_TIMEOUT_S + 5."""
 IMPORT_TIMEOUT_S = 20
 BANDWIDTH_SECONDS = 0.3
 """How long each node streams to its ring successor for the slow-link check."""
@@ -65,10 +67,13 @@ def node_addresses(cluster: Cluster) -> dict[str, str | None]:
 
 
 def _peer_ssh_argv(peer: Node) -> list[str]:
-    argv = ssh_base_argv(peer.host, peer.ssh, multiplex=False)
+    # A connect timeout shorter than the probe's own limit for it, so that ssh reports why.
+    timeout = min(peer.ssh.connect_timeout or PEER_SSH_TIMEOUT_S, PEER_SSH_TIMEOUT_S)
+    argv = ssh_base_argv(peer.host, replace(peer.ssh, connect_timeout=timeout), multiplex=False)
     host = argv[-2:]  # ["--", host]
     # Strict host keys: the N x N check must fail where a launcher's ssh would.
-    return [*argv[:-2], "-oStrictHostKeyChecking=yes", *host, "true"]
+    # -N -v: the probe stops it at "Authenticated to"; no remote shell starts.
+    return [*argv[:-2], "-oStrictHostKeyChecking=yes", "-N", "-v", *host]
 
 
 def plan_params(

@@ -49,13 +49,16 @@ def check_node_to_node_ssh(survey: Survey) -> list[Finding]:
             if failure is Failure.NONE:
                 continue
             detail = outcome["stderr"].splitlines()[-1] if outcome["stderr"] else failure.value
+            # Killed by the probe's timeout: the connect hung (a firewall dropping port 22).
+            pitfall = failure.pitfall_id or "ssh-unreachable"
+            fix = failure.fix(dst) if failure.pitfall_id else f"check that port 22 of {dst} is open"
             findings.append(
                 Finding(
-                    id=failure.pitfall_id or "ssh-auth-failed",
+                    id=pitfall,
                     severity=Severity.WARNING,
                     nodes=(dst,),
                     evidence=[f"{src} -> {dst}: {detail}"],
-                    fix=f"from each node listed: {failure.fix(dst) or 'check ssh to ' + dst}"
+                    fix=f"on each source node above: {fix}"
                     " (DeepSpeed's pdsh runner ssh's from the master to every node)",
                 )
             )

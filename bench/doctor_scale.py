@@ -1,0 +1,93 @@
+"""Wall time of `trainfleet doctor` (full and --quick) on 2, 4, 8, 16 and 32 sandbox nodes.
+
+    sudo .venv/bin/python bench/doctor_scale.py [--sizes 2,4,8,16,32] [--repeat 3]
+
+Each size: a fresh sandbox, one warm-up run (opens the shared ssh connections, fills the
+probe's import cache), then the median of --repeat runs of the CLI as a user types it. Run twice:
+with root's own login shell (bash, whose ~/.bashrc here costs 0.12 s of CPU per ssh session,
+and the full doctor opens N x N of them for the node-to-node ssh matrix, all on this machine's 2
+shared cores) and with /bin/sh on the nodes. Prints the table and the growth per doubling.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from trainfleet import sandbox
+
+TARGETS = {8: 5.0, 32: 15.0}
+"""The issue's targets for the full doctor, in seconds."""
+
+
+WORKDIR = Path(tempfile.mkdtemp(prefix="trainfleet-bench-"))
+"""A stable working directory for the probes (the code hash of a tree being edited differs)."""
+(WORKDIR / "train.py").write_text("print('hello')\n")
+
+
+def _doctor(cluster_file: Path, quick: bool) -> float:
+    argv = [sys.executable, "-m", "trainfleet", "doctor", "-c", str(cluster_file), "--json"]
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [*argv, *(["--quick"] if quick else [])], capture_output=True, text=True, cwd=WORKDIR
+    )
+    elapsed = time.perf_counter() - start
+    if proc.returncode != 0:
+        findings = json.loads(proc.stdout)["findings"]
+        raise SystemExit(
+            f"doctor found errors on a clean sandbox: {json.dumps(findings, indent=1)}"
+        )
+    return elapsed
+
+
+def bench_size(count: int, repeat: int, shell: str | None) -> tuple[float, float]:
+    name = f"bd{count}"
+    box = sandbox.up(nodes=count, name=name, login_shell=shell)
+    try:
+        _doctor(box.cluster_file, quick=False)  # warm-up
+        full = statistics.median(_doctor(box.cluster_file, False) for _ in range(repeat))
+        quick = statistics.median(_doctor(box.cluster_file, True) for _ in range(repeat))
+        return full, quick
+    finally:
+        sandbox.down(name)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="2,4,8,16,32")
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    print(f"{os.cpu_count()} cores; every sandbox node shares them; median of {args.repeat}")
+    for title, shell in (
+        ("root's own shell (bash + ~/.bashrc)", None),
+        ("login shell /bin/sh (no rc file)", "/bin/sh"),
+    ):
+        print(f"\n{title}")
+        print(f"{'nodes':>5}  {'full':>8}  {'--quick':>8}  {'full vs target':>15}")
+        rows = {}
+        for count in sizes:
+            full, quick = rows[count] = bench_size(count, args.repeat, shell)
+            target = TARGETS.get(count)
+            verdict = f"{full / target:.2f}x of {target:.0f} s" if target else ""
+            print(f"{count:>5}  {full:>7.2f}s  {quick:>7.2f}s  {verdict:>15}", flush=True)
+        for a, b in zip(sizes, sizes[1:], strict=False):
+            print(
+                f"  {a}->{b} nodes: full x{rows[b][0] / rows[a][0]:.2f}, "
+                f"quick x{rows[b][1] / rows[a][1]:.2f}"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    if os.geteuid() != 0:
+        raise SystemExit("bench/doctor_scale.py needs root (it brings up sandbox clusters)")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""The node probe's pure helpers and active tests, run on this machine (loopback only)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from trainfleet import probe
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("0100007F:1F90", ("127.0.0.1", 8080)),  # /proc/net/tcp: little-endian IPv4
+        ("0B0AD50A:7332", ("10.213.10.11", 29490)),
+        ("00000000:0016", ("0.0.0.0", 22)),
+        ("00000000000000000000000001000000:1F90", ("::1", 8080)),  # /proc/net/tcp6
+        ("00000000000000000000000000000000:0016", ("::", 22)),
+        ("0000000000000000FFFF00000100007F:734C", ("::ffff:127.0.0.1", 29516)),
+        ("B80D0120000000000000000001000000:01BB", ("2001:db8::1", 443)),
+    ],
+)
+def test_hex_addr(text, expected):
+    assert probe._hex_addr(text) == expected
+
+
+def _listener(host: str = "127.0.0.1", family: int = socket.AF_INET) -> socket.socket:
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.bind((host, 0))
+    sock.listen(8)
+    return sock
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]  # bound, never listening: connects are refused
+
+
+def test_listening_finds_our_own_listener_with_pid_and_command():
+    with _listener() as sock:
+        port = sock.getsockname()[1]
+        entries = [e for e in probe.listening({port}) if e["port"] == port]
+    assert entries == [
+        {"addr": "127.0.0.1", "port": port, "pid": os.getpid(), "cmd": entries[0]["cmd"]}
+    ]
+    assert "python" in entries[0]["cmd"]
+
+
+@pytest.mark.skipif(not socket.has_ipv6 or not os.path.exists("/proc/net/tcp6"), reason="no IPv6")
+def test_listening_reads_ipv6_sockets():
+    try:
+        sock = _listener("::1", socket.AF_INET6)
+    except OSError as exc:
+        pytest.skip(f"cannot bind ::1: {exc}")
+    with sock:
+        port = sock.getsockname()[1]
+        entries = [e for e in probe.listening(set()) if e["port"] == port]
+    assert entries == [{"addr": "::1", "port": port, "pid": None, "cmd": None}]
+
+
+def test_tcp_check_open():
+    with _listener() as sock:
+        port = sock.getsockname()[1]
+        status, when = probe.tcp_check("127.0.0.1", port, time.time() + 2, 1.0)
+        assert status == "open" and abs(when - time.time()) < 1
+
+
+def test_tcp_check_refused_is_retried_until_the_deadline():
+    port = _closed_port()
+    start = time.time()
+    status, last_attempt = probe.tcp_check("127.0.0.1", port, start + 0.5, 1.0)
+    assert status == "refused" and last_attempt >= start + 0.4  # kept retrying
+    assert 0.4 <= time.time() - start < 1.5
+
+
+def test_listeners_measure_a_stream_and_report_a_port_in_use():
+    with _listener("0.0.0.0") as taken:
+        busy = taken.getsockname()[1]
+        free = _closed_port()
+        listeners = probe.Listeners([free, busy])
+        try:
+            assert listeners.status == {
+                str(free): "listening",
+                str(busy): "bind failed: Address already in use",
+            }
+            sent = probe.send_stream("127.0.0.1", free, 0.2)
+        finally:
+            listeners.close_when(1, time.time() + 3)
+    assert sent.startswith("sent ")
+    count = int(sent.split()[1])
+    assert count > 1 << 16
+    received, first, last = listeners.streams["127.0.0.1"]
+    assert received == count and 0 < last - first < 2
+    assert listeners.accepted == 1
+
+
+def test_send_stream_to_a_closed_port():
+    assert probe.send_stream("127.0.0.1", _closed_port(), 0.1).startswith("not connected")
+
+
+def test_payload_runs_as_a_one_node_probe(tmp_path):
+    params = {
+        "node": "solo",
+        "run_id": "unit",
+        "master_name": None,
+        "master_addr": None,
+        "workdir": str(tmp_path),
+        "listen_ports": [],
+        "owner_ports": [],
+        "peers": [],
+        "quick": True,
+        "connect_timeout": 1,
+        "skew": 0,
+        "bandwidth_to": None,
+        "bandwidth_from": False,
+    }
+    proc = subprocess.run(
+        [sys.executable, "-"],
+        input=probe.payload(params),
+        capture_output=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr.decode()
+    facts = json.loads(proc.stdout.decode().strip().splitlines()[-1])
+    assert facts["node"] == "solo" and facts["probe_version"] == probe.PROBE_VERSION
+    assert facts["hostname"] == socket.gethostname()
+    assert facts["hostname"] in facts["resolve"]
+    assert isinstance(facts["interfaces"], list | dict)
+    assert facts["python"]["executable"] == sys.executable
+    assert facts["workdir"] == {
+        "path": str(tmp_path),
+        "exists": True,
+        "disk": facts["workdir"]["disk"],
+    }
+    assert facts["code"] is None and "imports" not in facts  # quick
+    assert set(facts["active"]) == {"listen", "listen_since", "bandwidth_in"}
+    assert facts["active"]["listen"] == {} and facts["active"]["bandwidth_in"] == {}
+    assert list(tmp_path.iterdir()) == []  # no peers: no token written
