@@ -66,6 +66,8 @@ def test_clean_sandbox_has_no_errors_and_json_names_nodes_as_in_the_spec(make_sa
     assert list(report["nodes"]) == ["gpu-node-1", "gpu-node-2", "gpu-node-3"]
     chosen = [report["nodes"][f"gpu-node-{k}"]["interface"] for k in (1, 2, 3)]
     assert chosen == IFNAMES  # what trainfleet sets per node: the route to the master
+    # A real gloo all_reduce ran across the three nodes, each bound to its own interface.
+    assert "collective" in report["phases"]
 
 
 def test_ssh_network_and_port_faults_are_named_on_their_nodes(make_sandbox, tmp_path):
@@ -84,6 +86,7 @@ def test_ssh_network_and_port_faults_are_named_on_their_nodes(make_sandbox, tmp_
     )
     report = _doctor(_with(box.cluster_file, tmp_path, ssh={"connect_timeout": 3}))
     assert report.exit_code == 1
+    assert "collective" not in report.phases  # the causes are known; no 20 s wait for it
     assert _nodes(report, "firewall-blocks-ports", Severity.ERROR) == {"gpu-node-1"}
     firewall = _by_id(report)["firewall-blocks-ports"][0]
     assert "master port 29500 gets through" in firewall.evidence[0]

@@ -7,7 +7,8 @@
     0
 
 Facts, then decisions: `collect` runs one probe per node (facts + active pairwise tests),
-`checks` turns them into findings with pure functions, `report` renders them.
+`checks` turns them into findings with pure functions, `collective` (full mode) runs a real
+gloo all_reduce across all nodes, `report` renders the findings.
 """
 
 from __future__ import annotations
@@ -16,12 +17,12 @@ import time
 from dataclasses import dataclass, field
 
 from trainfleet.cluster import Cluster
-from trainfleet.doctor import netsel
+from trainfleet.doctor import collective, netsel
 from trainfleet.doctor.checks import run_checks
 from trainfleet.doctor.checks.network import LOOPBACK_PREFIXES
 from trainfleet.doctor.checks.software import node_versions
 from trainfleet.doctor.collect import Survey, collect
-from trainfleet.doctor.findings import Finding, Severity
+from trainfleet.doctor.findings import Finding, Severity, merge
 from trainfleet.remote import Failure
 
 
@@ -33,6 +34,8 @@ class DoctorReport:
     problems: list[str] = field(default_factory=list)
     """Doctor's own failures (a probe that crashed): not findings about the cluster."""
     seconds: float = 0.0
+    phases: dict[str, float] = field(default_factory=dict)
+    """Wall time of each phase: probe, collective (the gloo all_reduce, full mode only)."""
 
     @property
     def exit_code(self) -> int:
@@ -47,6 +50,7 @@ class DoctorReport:
             "nodes": self.nodes,
             "problems": self.problems,
             "seconds": round(self.seconds, 3),
+            "phases": {name: round(t, 3) for name, t in self.phases.items()},
             "exit_code": self.exit_code,
         }
 
@@ -98,6 +102,13 @@ def run_doctor(cluster: Cluster, *, quick: bool = False, seed: int | None = None
     started = time.time()
     survey = collect(cluster, quick=quick, seed=seed)
     finished = time.time()
+    phases = {"probe": finished - started}
+    findings = run_checks(survey, started=started, finished=finished)
+    # After an error the all_reduce is sure to fail (and waits its timeout): the cause is known.
+    clean = not any(f.severity is Severity.ERROR for f in findings)
+    if clean and collective.should_run(survey):
+        extra, phases["collective"] = collective.run_collective(survey)
+        findings = merge(findings + extra)
     problems = [
         f"{host}: the probe failed: {result.reason()}"
         for host, result in survey.failed.items()
@@ -106,8 +117,9 @@ def run_doctor(cluster: Cluster, *, quick: bool = False, seed: int | None = None
         and "No such file or directory" not in result.stderr
     ]
     return DoctorReport(
-        findings=run_checks(survey, started=started, finished=finished),
+        findings=findings,
         nodes=node_summaries(survey),
         problems=problems,
         seconds=time.time() - started,
+        phases=phases,
     )

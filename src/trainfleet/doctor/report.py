@@ -23,7 +23,8 @@ def _counts(report: DoctorReport) -> str:
 
 def render(report: DoctorReport) -> str:
     head = f"trainfleet doctor: {len(report.nodes)} node(s), {_counts(report)}"
-    lines = [f"{head} ({report.seconds:.1f} s)"]
+    phases = ", ".join(f"{name} {t:.1f} s" for name, t in report.phases.items())
+    lines = [f"{head} ({report.seconds:.1f} s{': ' + phases if len(report.phases) > 1 else ''})"]
     for finding in report.findings:
         where = fold_names(finding.nodes) if finding.nodes else "this machine"
         lines += ["", f"{_LABEL[finding.severity]:7} {finding.id}  [{where}]"]

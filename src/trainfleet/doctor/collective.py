@@ -1,0 +1,112 @@
+"""The definitive check: a real rendezvous and gloo all_reduce across all nodes, 20 s at most.
+
+    >>> findings, seconds = run_collective(survey)  # doctest: +SKIP
+
+One process per node, started over ssh like the probe, each bound (GLOO_SOCKET_IFNAME) to the
+interface trainfleet sets for that node, rendezvous through a TCPStore on the master at a free
+port. Every rank checks the sum. A failure is reported with the rank's own last error line,
+classified into the pitfall it points to.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+from trainfleet.doctor import netsel
+from trainfleet.doctor.checks.software import node_versions
+from trainfleet.doctor.collect import EPHEMERAL_PORTS, Survey
+from trainfleet.doctor.findings import Finding, Severity
+from trainfleet.remote import run_on_nodes
+
+TIMEOUT_S = 20
+"""The process group's timeout; the whole phase is bounded by it plus start-up."""
+
+SCRIPT = r"""
+import datetime, json, sys, time
+start = time.time()
+addr, port, rank, world = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+import torch
+import torch.distributed as dist
+dist.init_process_group(
+    "gloo", init_method="tcp://%s:%d" % (addr, port), rank=rank, world_size=world,
+    timeout=datetime.timedelta(seconds=float(sys.argv[5])),
+)
+tensor = torch.full((1024,), float(rank + 1))
+dist.all_reduce(tensor)
+expected = world * (world + 1) / 2
+ok = bool((tensor == expected).all())
+dist.destroy_process_group()
+print(json.dumps({"ok": ok, "sum": float(tensor[0]), "expected": expected,
+                  "seconds": round(time.time() - start, 3)}))
+sys.exit(0 if ok else 3)
+"""
+
+# (text in a rank's error, the pitfall it points to)
+_SIGNATURES = (
+    ("Unable to find address for", "iface-mismatch"),
+    ("127.0.1.1", "hostname-loopback"),
+    ("Address already in use", "port-in-use"),
+    ("No route to host", "firewall-blocks-ports"),
+)
+
+
+def should_run(survey: Survey) -> bool:
+    return (
+        not survey.quick
+        and len(survey.cluster.nodes) > 1
+        and len(survey.facts) == len(survey.cluster.nodes)
+        and all(node_versions(f)["torch"] for f in survey.facts.values())
+        and survey.master_addr is not None
+    )
+
+
+def _last_error(text: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if "Error" in ln or "error" in ln or "failed" in ln]
+    return (errors or lines or ["no output"])[-1][:300]
+
+
+def run_collective(survey: Survey, rng: random.Random | None = None) -> tuple[list[Finding], float]:
+    """Findings of the all_reduce phase (empty when it passed) and its wall time."""
+    rng = rng or random.Random()
+    port = rng.randrange(*EPHEMERAL_PORTS)
+    world = len(survey.cluster.nodes)
+    argv = {}
+    for rank, node in enumerate(survey.cluster.nodes):
+        iface = netsel.chosen_interface(survey.facts[node.host], survey.master_addr)
+        env = [f"GLOO_SOCKET_IFNAME={iface}"] if iface else []
+        argv[node.host] = [
+            "env",
+            *env,
+            node.python,
+            "-c",
+            SCRIPT,
+            survey.master_addr,
+            str(port),
+            str(rank),
+            str(world),
+            str(TIMEOUT_S),
+        ]
+    start = time.monotonic()
+    results = run_on_nodes(survey.cluster.nodes, argv, timeout=TIMEOUT_S + 30)
+    seconds = time.monotonic() - start
+    failed = [r for r in results if not r.ok]
+    if not failed:
+        return [], seconds
+    evidence = [f"{r.node}: {_last_error(r.stderr or r.stdout)}" for r in failed]
+    text = " ".join(r.stderr for r in failed)
+    pitfall = next((p for needle, p in _SIGNATURES if needle in text), "rendezvous-timeout")
+    return [
+        Finding(
+            id=pitfall,
+            severity=Severity.ERROR,
+            nodes=tuple(r.node for r in failed),
+            evidence=[
+                f"a real gloo all_reduce across all {world} nodes failed "
+                f"(master {survey.master_addr}:{port}, {seconds:.1f} s):",
+                *evidence,
+            ],
+            fix="see the other findings for the cause; this is what a training launch would hit",
+        )
+    ], seconds
