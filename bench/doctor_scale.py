@@ -3,10 +3,11 @@
     sudo .venv/bin/python bench/doctor_scale.py [--sizes 2,4,8,16,32] [--repeat 3]
 
 Each size: a fresh sandbox, one warm-up run (opens the shared ssh connections, fills the
-probe's import cache), then the median of --repeat runs of the CLI as a user types it. Run twice:
-with root's own login shell (bash, whose ~/.bashrc here costs 0.12 s of CPU per ssh session,
-and the full doctor opens N x N of them for the node-to-node ssh matrix, all on this machine's 2
-shared cores) and with /bin/sh on the nodes. Prints the table and the growth per doubling.
+probe's import cache), then the median of --repeat runs of the CLI as a user types it, with
+the phases doctor reports: the probe (facts and every pairwise test) and the gloo all_reduce
+(one process per node: N imports of torch, ~1.3 s of CPU each, on this machine's 2 shared
+cores). Run twice: with root's own login shell (bash, whose ~/.bashrc here costs 0.12 s of CPU
+per ssh session) and with /bin/sh on the nodes. Prints the table and the growth per doubling.
 """
 
 from __future__ import annotations
@@ -32,31 +33,39 @@ WORKDIR = Path(tempfile.mkdtemp(prefix="trainfleet-bench-"))
 (WORKDIR / "train.py").write_text("print('hello')\n")
 
 
-def _doctor(cluster_file: Path, quick: bool) -> float:
+def _doctor(cluster_file: Path, quick: bool) -> dict[str, float]:
+    """Wall time of one CLI run, and the phases doctor reports (probe, collective)."""
     argv = [sys.executable, "-m", "trainfleet", "doctor", "-c", str(cluster_file), "--json"]
     start = time.perf_counter()
     proc = subprocess.run(
         [*argv, *(["--quick"] if quick else [])], capture_output=True, text=True, cwd=WORKDIR
     )
     elapsed = time.perf_counter() - start
+    report = json.loads(proc.stdout)
     if proc.returncode != 0:
-        findings = json.loads(proc.stdout)["findings"]
-        raise SystemExit(
-            f"doctor found errors on a clean sandbox: {json.dumps(findings, indent=1)}"
-        )
-    return elapsed
+        findings = json.dumps(report["findings"], indent=1)
+        raise SystemExit(f"doctor found errors on a clean sandbox: {findings}")
+    return {"wall": elapsed, **report["phases"]}
 
 
-def bench_size(count: int, repeat: int, shell: str | None) -> tuple[float, float]:
+def _median(runs: list[dict[str, float]]) -> dict[str, float]:
+    return {key: statistics.median(run.get(key, 0.0) for run in runs) for key in runs[0]}
+
+
+def bench_size(count: int, repeat: int, shell: str | None) -> tuple[dict, dict]:
     name = f"bd{count}"
     box = sandbox.up(nodes=count, name=name, login_shell=shell)
     try:
         _doctor(box.cluster_file, quick=False)  # warm-up
-        full = statistics.median(_doctor(box.cluster_file, False) for _ in range(repeat))
-        quick = statistics.median(_doctor(box.cluster_file, True) for _ in range(repeat))
+        full = _median([_doctor(box.cluster_file, False) for _ in range(repeat)])
+        quick = _median([_doctor(box.cluster_file, True) for _ in range(repeat)])
         return full, quick
     finally:
         sandbox.down(name)
+
+
+def _vs(seconds: float, target: float | None) -> str:
+    return f"{seconds / target:.2f}x of {target:.0f} s" if target else ""
 
 
 def main() -> int:
@@ -71,17 +80,25 @@ def main() -> int:
         ("login shell /bin/sh (no rc file)", "/bin/sh"),
     ):
         print(f"\n{title}")
-        print(f"{'nodes':>5}  {'full':>8}  {'--quick':>8}  {'full vs target':>15}")
+        print(
+            f"{'nodes':>5}  {'full':>7}  {'probe':>7}  {'all_reduce':>10}  {'--quick':>7}"
+            f"  {'full vs target':>15}  {'probe vs target':>15}"
+        )
         rows = {}
         for count in sizes:
             full, quick = rows[count] = bench_size(count, args.repeat, shell)
             target = TARGETS.get(count)
-            verdict = f"{full / target:.2f}x of {target:.0f} s" if target else ""
-            print(f"{count:>5}  {full:>7.2f}s  {quick:>7.2f}s  {verdict:>15}", flush=True)
+            print(
+                f"{count:>5}  {full['wall']:>6.2f}s  {full['probe']:>6.2f}s  "
+                f"{full.get('collective', 0.0):>9.2f}s  {quick['wall']:>6.2f}s  "
+                f"{_vs(full['wall'], target):>15}  {_vs(full['probe'], target):>15}",
+                flush=True,
+            )
         for a, b in zip(sizes, sizes[1:], strict=False):
             print(
-                f"  {a}->{b} nodes: full x{rows[b][0] / rows[a][0]:.2f}, "
-                f"quick x{rows[b][1] / rows[a][1]:.2f}"
+                f"  {a}->{b} nodes: full x{rows[b][0]['wall'] / rows[a][0]['wall']:.2f}, "
+                f"probe x{rows[b][0]['probe'] / rows[a][0]['probe']:.2f}, "
+                f"quick x{rows[b][1]['wall'] / rows[a][1]['wall']:.2f}"
             )
     return 0
 

@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import resource
+import select
 import shutil
 import socket
 import subprocess
@@ -431,7 +432,8 @@ class Listeners:
 
     def _serve(self):
         while not self._stop.is_set():
-            for sock in self.sockets:
+            ready, _, _ = select.select(self.sockets, [], [], 0.1)
+            for sock in ready:
                 try:
                     conn, addr = sock.accept()
                 except OSError:
@@ -465,6 +467,7 @@ class Listeners:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join()
+        self.closed_at = time.time()
         for reader in self._readers:
             reader.join(max(0.0, deadline + 2 - time.time()))
         for sock in self.sockets:
@@ -576,8 +579,13 @@ def active_tests(params, results):
         tcp.setdefault(peer["node"], {})[str(port)] = status
         last_attempt.setdefault(peer["node"], {})[str(port)] = when
 
+    # At most a few handshakes at once per node: N probes each opening N at the same moment
+    # starve each other into timeouts on a loaded machine.
+    ssh_slots = threading.Semaphore(params.get("ssh_parallel", 8))
+
     def do_ssh(peer):
-        ssh[peer["node"]] = ssh_check(peer["ssh_argv"], params["connect_timeout"] + 5)
+        with ssh_slots:
+            ssh[peer["node"]] = ssh_check(peer["ssh_argv"], params.get("ssh_timeout", 25))
 
     for peer in params["peers"]:
         if peer["node"] != params["node"]:
@@ -664,6 +672,7 @@ def main(params):
         started + params.get("connect_timeout", 3) + 2 * params.get("skew", 2),
     )
     active["listen"] = listeners.status
+    active["listen_until"] = getattr(listeners, "closed_at", time.time())
     by_address = {p["address"]: p["node"] for p in peers}
     active["bandwidth_in"] = {
         by_address.get(addr, addr): {"bytes": n, "seconds": round(last - first, 4)}

@@ -230,3 +230,5 @@ def test_refused_before_the_peer_listened_is_not_a_firewall(tmp_path):
     assert [f for f in network.check_firewall(survey)] == []
     target["listen_since"] = 90.0  # it listened before: refused for real (REJECT)
     assert [f.nodes for f in network.check_firewall(survey)] == [("gpu-node-2",)]
+    target["listen_until"] = 99.0  # ...unless it had already stopped listening (a late peer)
+    assert [f for f in network.check_firewall(survey)] == []

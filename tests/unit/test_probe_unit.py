@@ -143,6 +143,6 @@ def test_payload_runs_as_a_one_node_probe(tmp_path):
         "disk": facts["workdir"]["disk"],
     }
     assert facts["code"] is None and "imports" not in facts  # quick
-    assert set(facts["active"]) == {"listen", "listen_since", "bandwidth_in"}
+    assert set(facts["active"]) == {"listen", "listen_since", "listen_until", "bandwidth_in"}
     assert facts["active"]["listen"] == {} and facts["active"]["bandwidth_in"] == {}
     assert list(tmp_path.iterdir()) == []  # no peers: no token written

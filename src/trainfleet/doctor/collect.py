@@ -30,8 +30,9 @@ PAIR_CONNECT_TIMEOUT_S = 3
 """How long a peer connect may take before it counts as dropped by a firewall."""
 START_SKEW_S = 2
 """How long a probe keeps listening after its own tests, for peers that started later."""
-PEER_SSH_TIMEOUT_S = 5
-"""ssh's ConnectTimeout node to node; the probe gives each such ssh PAIR_CONNECT_TIMEOUT_S + 5."""
+PEER_SSH_TIMEOUT_S = 10
+"""ssh's ConnectTimeout node to node (the probe stops such an ssh after PEER_SSH_LIMIT_S)."""
+PEER_SSH_LIMIT_S = 25
 IMPORT_TIMEOUT_S = 20
 BANDWIDTH_SECONDS = 0.3
 """How long each node streams to its ring successor for the slow-link check."""
@@ -112,6 +113,7 @@ def plan_params(
             "connect_timeout": PAIR_CONNECT_TIMEOUT_S,
             "skew": START_SKEW_S,
             "import_timeout": IMPORT_TIMEOUT_S,
+            "ssh_timeout": PEER_SSH_LIMIT_S,
             "bandwidth_to": {
                 "node": successor[node.host],
                 "address": addresses[successor[node.host]],
@@ -140,7 +142,7 @@ def collect(cluster: Cluster, *, quick: bool = False, seed: int | None = None) -
     )
     argv = {n.host: [n.python, "-"] for n in cluster.nodes}
     payloads = {host: probe.payload(p) for host, p in params.items()}
-    budget = PAIR_CONNECT_TIMEOUT_S + START_SKEW_S + (5 if quick else IMPORT_TIMEOUT_S + 15)
+    budget = PAIR_CONNECT_TIMEOUT_S + 2 * START_SKEW_S + (5 if quick else PEER_SSH_LIMIT_S + 20)
     for node, result in zip(
         cluster.nodes,
         run_on_nodes(cluster.nodes, argv, stdin=payloads, timeout=budget),

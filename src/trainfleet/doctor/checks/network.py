@@ -59,13 +59,16 @@ def check_firewall(survey: Survey) -> list[Finding]:
         for dst, ports in facts.get("active", {}).get("tcp", {}).items():
             target = survey.facts.get(dst, {}).get("active", {})
             listening = target.get("listen", {})
-            since = target.get("listen_since")
+            since, until = target.get("listen_since"), target.get("listen_until")
             for port, status in ports.items():
                 if status == "open" or listening.get(port) != "listening":
                     continue
                 last = attempts.get(dst, {}).get(port)
-                if status == "refused" and since and last and last < since + 0.5:
-                    continue  # refused before the peer's probe listened: inconclusive
+                outside = last and (
+                    (since and last < since + 0.5) or (until and last > until - 0.5)
+                )
+                if status == "refused" and outside:
+                    continue  # refused while the peer's probe was not listening: inconclusive
                 blocked.setdefault(dst, []).append(f"{src} -> {dst}:{port} {status}")
     findings = []
     for dst, lines in blocked.items():
