@@ -12,7 +12,7 @@ from trainfleet.remote import Failure, NodeResult
 pytestmark = pytest.mark.unit
 
 N1, N2, N3 = "gpu-node-1", "gpu-node-2", "gpu-node-3"
-PYTHON = "/work/main/.venv/bin/python"
+PYTHON = "/work/main/.venv/bin/python"  # as recorded in the fixture's fact sheets
 
 
 @pytest.fixture(autouse=True)
@@ -197,13 +197,14 @@ def _failed(node: str, returncode: int, stderr: str) -> NodeResult:
 )
 def test_python_or_directory_missing_on_a_node(tmp_path, returncode, stderr):
     survey = make_survey(tmp_path, failed={N3: _failed(N3, returncode, stderr)})
+    configured = survey.cluster.node(N3).python  # the cluster's python for that node
     expect_one(
         software.check_paths(survey),
         "remote-path-missing",
         Severity.ERROR,
         (N3,),
-        evidence=[PYTHON, "No such file or directory"],
-        fix=[PYTHON, N3],
+        evidence=[configured, "No such file or directory"],
+        fix=[configured, N3],
     )
 
 
