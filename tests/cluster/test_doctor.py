@@ -188,3 +188,46 @@ def test_unreachable_node_is_reported_within_the_connect_timeout(make_sandbox, t
     report = _doctor(_with(box.cluster_file, tmp_path, ssh={"connect_timeout": 2}), quick=True)
     assert _nodes(report, "ssh-unreachable") == {"gpu-node-2"}
     assert report.seconds < 2 + 8  # connect timeout + the probe's own bounded waits
+
+
+def _fix(cluster_file: Path, capsys) -> tuple[int, dict]:
+    code = main(["doctor", "-c", str(cluster_file), "--quick", "--fix", "--yes", "--json"])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def test_fix_adds_the_unknown_host_key_then_pins_each_nodes_interface(
+    make_sandbox, tmp_path, capsys
+):
+    box = make_sandbox(nodes=3, ifnames=IFNAMES, faults=["ssh-hostkey-unknown@2"])
+    cluster_file = _with(box.cluster_file, tmp_path, env={"GLOO_SOCKET_IFNAME": "ens14f0"})
+    known_hosts = yaml.safe_load(cluster_file.read_text())["ssh"]["known_hosts_file"]
+    lines_before = Path(known_hosts).read_text().splitlines()
+
+    code, first = _fix(cluster_file, capsys)
+
+    ids = {f["id"]: f["nodes"] for f in first["findings"]}
+    assert ids["ssh-hostkey-unknown"] == ["gpu-node-2"]
+    [added] = first["fix"]["host_keys"]
+    assert (added["target"], added["peer"], added["known_hosts"]) == (
+        "this machine",
+        "gpu-node-2",
+        known_hosts,
+    )
+    assert all(f.split()[1].startswith("SHA256:") for f in added["fingerprints"])
+    # gpu-node-2 was not examined yet, so only gpu-node-3's interface is pinned this round.
+    assert first["fix"]["interfaces"]["nodes"] == {"gpu-node-3": "ens14f2"}
+    new_lines = Path(known_hosts).read_text().splitlines()[len(lines_before) :]
+    assert new_lines and all(line.startswith(added["name"] + " ") for line in new_lines)
+    after = {f["id"]: f["nodes"] for f in first["after_fix"]["findings"]}
+    assert "ssh-hostkey-unknown" not in after
+    assert after["iface-mismatch"] == ["gpu-node-2"]  # examined now
+    assert code == 1
+
+    code, second = _fix(cluster_file, capsys)
+
+    assert second["fix"]["interfaces"]["nodes"] == {"gpu-node-2": "ens14f1"}
+    assert second["after_fix"]["exit_code"] == 0 and code == 0
+    pinned = {n.host: n.interface for n in load_cluster(cluster_file=str(cluster_file)).nodes}
+    assert pinned == {"gpu-node-1": None, "gpu-node-2": "ens14f1", "gpu-node-3": "ens14f2"}
+    backups = sorted(tmp_path.glob("cluster.yaml.*"))
+    assert backups and "ens14f2" not in backups[0].read_text()  # the original, kept

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from trainfleet.cluster import Cluster
 from trainfleet.doctor import collective, netsel
 from trainfleet.doctor.checks import run_checks
-from trainfleet.doctor.checks.network import LOOPBACK_PREFIXES
+from trainfleet.doctor.checks.network import LOOPBACK_PREFIXES, chosen_interfaces
 from trainfleet.doctor.checks.software import node_versions
 from trainfleet.doctor.collect import Survey, collect
 from trainfleet.doctor.findings import Finding, Severity, merge
@@ -33,6 +33,8 @@ class DoctorReport:
     """Per node, named as in the cluster spec: what was found and what trainfleet will set."""
     problems: list[str] = field(default_factory=list)
     """Doctor's own failures (a probe that crashed): not findings about the cluster."""
+    survey: Survey | None = field(default=None, repr=False)
+    """The facts the findings came from (not in the JSON: `nodes` summarizes them)."""
     seconds: float = 0.0
     phases: dict[str, float] = field(default_factory=dict)
     """Wall time of each phase: probe, collective (the gloo all_reduce, full mode only)."""
@@ -79,7 +81,7 @@ def node_summaries(survey: Survey) -> dict[str, dict]:
             }
             continue
         ifaces = facts.get("interfaces") if isinstance(facts.get("interfaces"), list) else []
-        chosen = netsel.chosen_interface(facts, survey.master_addr)
+        chosen = chosen_interfaces(survey)[host]
         summaries[host] = {
             "reachable": True,
             "hostname": facts.get("hostname"),
@@ -122,4 +124,5 @@ def run_doctor(cluster: Cluster, *, quick: bool = False, seed: int | None = None
         problems=problems,
         seconds=time.time() - started,
         phases=phases,
+        survey=survey,
     )

@@ -34,6 +34,8 @@ PEER_SSH_TIMEOUT_S = 10
 """ssh's ConnectTimeout node to node (the probe stops such an ssh after PEER_SSH_LIMIT_S)."""
 PEER_SSH_LIMIT_S = 25
 IMPORT_TIMEOUT_S = 20
+PROBE_SECONDS_PER_NODE = 1
+"""Extra time the full probe gets per node of the cluster (its node-to-node ssh matrix)."""
 BANDWIDTH_SECONDS = 0.3
 """How long each node streams to its ring successor for the slow-link check."""
 
@@ -143,6 +145,8 @@ def collect(cluster: Cluster, *, quick: bool = False, seed: int | None = None) -
     argv = {n.host: [n.python, "-"] for n in cluster.nodes}
     payloads = {host: probe.payload(p) for host, p in params.items()}
     budget = PAIR_CONNECT_TIMEOUT_S + 2 * START_SKEW_S + (5 if quick else PEER_SSH_LIMIT_S + 20)
+    if not quick:  # each probe makes N ssh handshakes: more time when N is large
+        budget += PROBE_SECONDS_PER_NODE * len(cluster.nodes)
     for node, result in zip(
         cluster.nodes,
         run_on_nodes(cluster.nodes, argv, stdin=payloads, timeout=budget),

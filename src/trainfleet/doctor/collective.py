@@ -74,7 +74,9 @@ def run_collective(survey: Survey, rng: random.Random | None = None) -> tuple[li
     world = len(survey.cluster.nodes)
     argv = {}
     for rank, node in enumerate(survey.cluster.nodes):
-        iface = netsel.chosen_interface(survey.facts[node.host], survey.master_addr)
+        iface = node.interface or netsel.chosen_interface(
+            survey.facts[node.host], survey.master_addr
+        )
         env = [f"GLOO_SOCKET_IFNAME={iface}"] if iface else []
         argv[node.host] = [
             "env",

@@ -33,7 +33,11 @@ def render(report: DoctorReport) -> str:
             lines.append(f"  fix: {finding.fix}")
     for problem in report.problems:
         lines += ["", f"doctor could not examine {problem}"]
-    lines += ["", "nodes (interface = what trainfleet sets per node: the route to the master):"]
+    lines += [
+        "",
+        "nodes (interface = what trainfleet sets per node: pinned in cluster.yaml, else the "
+        "route to the master):",
+    ]
     rows = {}
     for host, info in report.nodes.items():
         if not info.get("reachable"):

@@ -21,9 +21,11 @@ def _ifaces(facts: dict) -> list[dict]:
 
 
 def chosen_interfaces(survey: Survey) -> dict[str, str | None]:
-    """The interface trainfleet sets per node: the one that routes to the master."""
+    """The interface trainfleet sets per node: the one pinned in cluster.yaml (`interface:`),
+    else the one that routes to the master."""
     return {
-        host: netsel.chosen_interface(facts, survey.master_addr)
+        host: survey.cluster.node(host).interface
+        or netsel.chosen_interface(facts, survey.master_addr)
         for host, facts in survey.facts.items()
     }
 
@@ -192,6 +194,8 @@ def check_hostnames(survey: Survey) -> list[Finding]:
 def _configured(survey: Survey, host: str, key: str) -> tuple[str, str] | None:
     """(value, where it comes from) of an interface variable for a node, if set anywhere."""
     node = survey.cluster.node(host)
+    if node.interface:  # launch sets both variables from it, over any env value
+        return node.interface, "cluster.yaml `interface:`"
     if key in node.env:
         return node.env[key], "cluster.yaml env"
     node_env = survey.facts[host].get("env", {})
@@ -206,7 +210,10 @@ def _configured(survey: Survey, host: str, key: str) -> tuple[str, str] | None:
 
 def check_interfaces(survey: Survey) -> list[Finding]:
     findings = []
-    chosen = chosen_interfaces(survey)
+    chosen = {
+        host: netsel.chosen_interface(facts, survey.master_addr)
+        for host, facts in survey.facts.items()
+    }
     gloo_counts: dict[str, int] = {}
     for host, facts in survey.facts.items():
         ifaces = _ifaces(facts)
@@ -222,8 +229,10 @@ def check_interfaces(survey: Survey) -> list[Finding]:
                         f"NCCL_SOCKET_IFNAME={nccl[0]} (from {nccl[1]}) matches no interface "
                         f"on {host}; it has {have}"
                     ],
-                    fix=f"set it per node (on {host}: NCCL_SOCKET_IFNAME={chosen.get(host)}) in "
-                    "cluster.yaml, or a prefix list that covers every node",
+                    fix=f"set it per node (on {host}: NCCL_SOCKET_IFNAME={chosen.get(host)}): "
+                    f"`interface: {chosen.get(host)}` on {host} in cluster.yaml (launch sets "
+                    "NCCL and gloo from it; `doctor --fix` writes it), or a prefix list that "
+                    "covers every node",
                 )
             )
         gloo = _configured(survey, host, "GLOO_SOCKET_IFNAME")
@@ -242,7 +251,8 @@ def check_interfaces(survey: Survey) -> list[Finding]:
                             f"`Unable to find address for: {missing[0]}`"
                         ],
                         fix=f"gloo takes exact names: set it per node (on {host}: "
-                        f"GLOO_SOCKET_IFNAME={chosen.get(host)}) in that node's cluster.yaml env",
+                        f"GLOO_SOCKET_IFNAME={chosen.get(host)}): `interface: {chosen.get(host)}` "
+                        f"on {host} in cluster.yaml (`doctor --fix` writes it)",
                     )
                 )
         if nccl is None and _multi_node(survey):
@@ -260,6 +270,22 @@ def check_interfaces(survey: Survey) -> list[Finding]:
                         fix=f"NCCL_SOCKET_IFNAME={chosen[host]} on {host} (per node env)",
                     )
                 )
+        pinned = survey.cluster.node(host).interface
+        exists = not netsel.gloo_missing(pinned or "", ifaces)
+        if pinned and exists and chosen.get(host) and pinned != chosen[host]:
+            findings.append(
+                Finding(
+                    id="iface-wrong",
+                    severity=Severity.WARNING,
+                    nodes=(host,),
+                    evidence=[
+                        f"cluster.yaml pins interface {pinned} on {host}, but {host} reaches "
+                        f"the master through {chosen[host]}"
+                    ],
+                    fix=f"interface: {chosen[host]} for {host} in cluster.yaml, unless "
+                    f"{pinned} is a faster network that also reaches every node",
+                )
+            )
         if chosen.get(host) and netsel.is_virtual(chosen[host]):
             findings.append(
                 Finding(

@@ -1,0 +1,415 @@
+"""`doctor --fix`: the safe, reversible changes for what doctor found, shown before they are made.
+
+    >>> plan = plan_fixes(report, cluster_file="cluster.yaml")  # doctest: +SKIP
+    >>> print(render_plan(plan))  # doctest: +SKIP
+    >>> apply_plan(plan)  # doctest: +SKIP
+
+Two kinds of change, both undoable with one command that the plan prints:
+
+- unknown host keys are added (never replaced) to the known_hosts file that failed, after their
+  SHA256 fingerprints are shown; `ssh-keygen -R NAME -f FILE` takes one out again;
+- the interface each node reaches the master through is pinned in cluster.yaml (`interface:`,
+  from which launch sets NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME on that node); an edited
+  file keeps its comments and the old one is kept beside it.
+
+Nothing else is changed: a firewall is never opened (its finding carries the minimal rule), a
+changed host key is never trusted, a process holding a port is never killed.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trainfleet.cluster import Cluster, parse_cluster_yaml
+from trainfleet.doctor import DoctorReport
+from trainfleet.doctor.findings import Finding, Severity
+from trainfleet.errors import TrainfleetError
+from trainfleet.remote import Failure, run_on_nodes
+from trainfleet.spec_yaml import LineDict, LineList, load_yaml_with_lines
+
+DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
+THIS_MACHINE = "this machine"
+KEYSCAN_TIMEOUT_S = 5
+INTERFACE_FINDINGS = ("iface-mismatch", "iface-wrong")
+
+# OpenSSH's sshconnect.c, with StrictHostKeyChecking=yes (BatchMode) and no entry for the host:
+# "No ED25519 host key is known for [10.0.0.2]:2222 and you have requested strict checking."
+# The name is exactly what ssh looks up in known_hosts (HostKeyAlias, HostName, [name]:port).
+_UNKNOWN_KEY = re.compile(r"No \S+ host key is known for (\S+) and you have requested strict")
+
+# Appends lines to a known_hosts file unless already there; run the same way here and on nodes
+# (stdin: {"file", "lines"}; stdout: how many lines were added). Python 3.8 syntax.
+_APPEND_SNIPPET = """\
+import json, os, sys
+job = json.load(sys.stdin)
+path = os.path.expanduser(job["file"])
+os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
+old = open(path).read() if os.path.exists(path) else ""
+new = [line for line in job["lines"] if line not in old.splitlines()]
+fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+gap = "\\n" if old and not old.endswith("\\n") and new else ""
+with os.fdopen(fd, "a") as f:
+    f.write(gap + "".join(line + "\\n" for line in new))
+print(len(new))
+"""
+
+
+class FixError(TrainfleetError):
+    """A change --fix cannot make safely; the user is told what to do instead."""
+
+
+@dataclass(kw_only=True, slots=True)
+class HostKeyFix:
+    """Host keys of `peer` to add to `known_hosts` on `target` under `name`."""
+
+    target: str
+    """Node whose ssh failed (THIS_MACHINE for the launch machine)."""
+    known_hosts: str
+    name: str
+    peer: str
+    keys: list[str]
+    """`type base64` lines as ssh-keyscan printed them."""
+
+    @property
+    def lines(self) -> list[str]:
+        return [f"{self.name} {key}" for key in self.keys]
+
+
+@dataclass(kw_only=True, slots=True)
+class InterfaceFix:
+    """cluster.yaml with `interface:` pinned on the nodes that need it."""
+
+    path: str
+    text: str
+    interfaces: dict[str, str]
+    backup: str | None
+    """Where the old file goes (None: a new file)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class FixPlan:
+    host_keys: list[HostKeyFix] = field(default_factory=list)
+    interfaces: InterfaceFix | None = None
+    not_done: list[str] = field(default_factory=list)
+    """Problems --fix leaves to the user, and why."""
+
+    @property
+    def changes(self) -> int:
+        return len(self.host_keys) + (1 if self.interfaces else 0)
+
+    def to_json(self) -> dict:
+        return {
+            "host_keys": [
+                {
+                    "target": k.target,
+                    "known_hosts": k.known_hosts,
+                    "name": k.name,
+                    "peer": k.peer,
+                    "fingerprints": [fingerprint(key) for key in k.keys],
+                }
+                for k in self.host_keys
+            ],
+            "interfaces": {"path": self.interfaces.path, "nodes": self.interfaces.interfaces}
+            if self.interfaces
+            else None,
+            "not_done": self.not_done,
+        }
+
+
+# ----------------------------------------------------------------------------- host keys
+def fingerprint(key: str) -> str:
+    """`ssh-ed25519 AAAA...` -> `ssh-ed25519 SHA256:...`, as `ssh-keygen -l` prints it."""
+    kind, blob = key.split()[:2]
+    digest = hashlib.sha256(base64.b64decode(blob)).digest()
+    return f"{kind} SHA256:{base64.b64encode(digest).decode().rstrip('=')}"
+
+
+def unknown_key_name(stderr: str) -> str | None:
+    """The known_hosts name ssh looked up and did not find, from its error text."""
+    match = _UNKNOWN_KEY.search(stderr)
+    return match.group(1) if match else None
+
+
+def _port_of(name: str) -> int:
+    match = re.fullmatch(r"\[.+\]:(\d+)", name)
+    return int(match.group(1)) if match else 22
+
+
+def keyscan(address: str, port: int) -> list[str]:
+    """The host keys `address:port` offers, as `type base64` (empty when it does not answer)."""
+    try:
+        out = subprocess.run(
+            ["ssh-keyscan", "-T", str(KEYSCAN_TIMEOUT_S), "-p", str(port), "--", address],
+            capture_output=True,
+            text=True,
+            timeout=KEYSCAN_TIMEOUT_S + 5,
+            check=False,
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    keys = []
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) >= 3 and not line.startswith("#"):
+            keys.append(f"{parts[1]} {parts[2]}")
+    return sorted(set(keys))
+
+
+def _unknown_keys(report: DoctorReport) -> list[tuple[str, str, str, str]]:
+    """(target, known_hosts file, name, peer) for every ssh that failed on an unknown key."""
+    survey = report.survey
+    if survey is None:
+        return []
+    found = []
+    for host, result in survey.failed.items():
+        name = unknown_key_name(result.stderr)
+        if result.failure is Failure.HOSTKEY_UNKNOWN and name:
+            known = survey.cluster.node(host).ssh.known_hosts_file or DEFAULT_KNOWN_HOSTS
+            found.append((THIS_MACHINE, known, name, host))
+    for src, facts in survey.facts.items():
+        for dst, outcome in facts.get("active", {}).get("ssh", {}).items():
+            name = unknown_key_name(outcome.get("stderr", ""))
+            if name and dst not in survey.failed:
+                known = survey.cluster.node(dst).ssh.known_hosts_file or DEFAULT_KNOWN_HOSTS
+                found.append((src, known, name, dst))
+    return found
+
+
+def plan_host_keys(report: DoctorReport, plan: FixPlan) -> None:
+    survey = report.survey
+    scanned: dict[tuple[str, int], list[str]] = {}
+    for target, known, name, peer in _unknown_keys(report):
+        address = survey.addresses.get(peer) if survey else None
+        if not address:
+            plan.not_done.append(f"host key of {peer}: its address is unknown here")
+            continue
+        where = (address, _port_of(name))
+        if where not in scanned:
+            scanned[where] = keyscan(*where)
+        if not scanned[where]:
+            plan.not_done.append(f"host key of {peer}: ssh-keyscan {address} got no answer")
+            continue
+        plan.host_keys.append(
+            HostKeyFix(target=target, known_hosts=known, name=name, peer=peer, keys=scanned[where])
+        )
+
+
+# ----------------------------------------------------------------------------- interfaces
+def _node_entries(text: str, source: str) -> dict[str, tuple[int, LineDict | None]]:
+    """host -> (line of its list item, its mapping or None for the `- host` short form)."""
+    doc = load_yaml_with_lines(text, source)
+    nodes = doc.get("nodes") if isinstance(doc, LineDict) else None
+    if not isinstance(nodes, LineList):
+        raise FixError(f"{source}: no `nodes:` list", "check the file with `trainfleet doctor`")
+    entries = {}
+    for raw, line in zip(nodes, nodes.item_lines, strict=True):
+        if isinstance(raw, str):
+            entries[raw] = (line, None)
+        elif isinstance(raw, LineDict) and isinstance(raw.get("host"), str):
+            entries[raw["host"]] = (line, raw)
+    return entries
+
+
+def pin_interfaces(text: str, source: str, interfaces: dict[str, str]) -> str:
+    """cluster.yaml `text` with `interface: NAME` set on each node in `interfaces`; every other
+    line (comments included) kept. Raises FixError where the layout is not one it can edit."""
+    lines = text.splitlines(keepends=True)
+    inserts: dict[int, str] = {}
+    entries = _node_entries(text, source)
+    for host, iface in interfaces.items():
+        if host not in entries:
+            raise FixError(f"{source}: node {host} not found", f"add `interface: {iface}` to it")
+        line, mapping = entries[host]
+        index = line - 1
+        if mapping is None:  # `- gpu-node-1` becomes `- {host: gpu-node-1, interface: X}`
+            short = re.match(r"^(\s*-\s*)(['\"]?)([^'\"#\s]+)\2(.*)$", lines[index], re.DOTALL)
+            if not short or short.group(3) != host:
+                raise FixError(f"{source}:{line}: cannot edit this entry", "")
+            lines[index] = f"{short.group(1)}{{host: {host}, interface: {iface}}}{short.group(4)}"
+        elif "interface" in mapping:
+            at = mapping.line_of("interface") - 1
+            value = r"(interface:\s*)(['\"]?)[^'\"#\s]+\2"
+            lines[at] = re.sub(value, rf"\g<1>{iface}", lines[at], count=1)
+        else:
+            host_line = lines[mapping.line_of("host") - 1]
+            column = host_line.find("host:")
+            if column < 0 or "{" in host_line:
+                raise FixError(f"{source}:{line}: cannot edit this entry", "")
+            inserts[mapping.line_of("host")] = " " * column + f"interface: {iface}\n"
+    for after in sorted(inserts, reverse=True):
+        if not lines[after - 1].endswith("\n"):
+            lines[after - 1] += "\n"
+        lines.insert(after, inserts[after])
+    edited = "".join(lines)
+    pinned = {n.host: n.interface for n in parse_cluster_yaml(edited, source).nodes}
+    wrong = [h for h, iface in interfaces.items() if pinned.get(h) != iface]
+    if wrong:
+        raise FixError(f"{source}: editing it did not pin {', '.join(wrong)}", "")
+    return edited
+
+
+def _backup_name(path: str) -> str:
+    """`path.YYYYmmdd-HHMMSS`, made unique: an older backup is never overwritten."""
+    stem = f"{path}.{time.strftime('%Y%m%d-%H%M%S')}"
+    candidate, n = stem, 0
+    while Path(candidate).exists():
+        n += 1
+        candidate = f"{stem}-{n}"
+    return candidate
+
+
+def new_cluster_yaml(cluster: Cluster, interfaces: dict[str, str]) -> str:
+    """A cluster.yaml for a cluster that came from a hostfile or --hosts, interfaces pinned."""
+    lines = [
+        f"# written by `trainfleet doctor --fix` from {cluster.source}; use it with -c",
+        f"master: {cluster.master}",
+        f"master_port: {cluster.master_port}",
+        "nodes:",
+    ]
+    for node in cluster.nodes:
+        lines += [f"  - host: {node.host}", f"    slots: {node.slots}"]
+        if node.host in interfaces:
+            lines.append(f"    interface: {interfaces[node.host]}")
+    return "\n".join(lines) + "\n"
+
+
+def plan_interfaces(report: DoctorReport, cluster_file: str | None, plan: FixPlan) -> None:
+    survey = report.survey
+    if survey is None:
+        return
+    interfaces = {}
+    for finding in report.findings:
+        if finding.id not in INTERFACE_FINDINGS or finding.severity is Severity.INFO:
+            continue
+        for host in finding.nodes:
+            chosen = report.nodes.get(host, {}).get("interface")
+            if chosen and survey.cluster.node(host).interface != chosen:
+                interfaces[host] = chosen
+    if not interfaces:
+        return
+    if cluster_file:
+        text = Path(cluster_file).read_text()
+        try:
+            edited = pin_interfaces(text, cluster_file, interfaces)
+        except FixError as exc:
+            plan.not_done.append(f"interfaces: {exc}")
+            return
+        plan.interfaces = InterfaceFix(
+            path=cluster_file, text=edited, interfaces=interfaces, backup=_backup_name(cluster_file)
+        )
+        return
+    path = "cluster.yaml"
+    if Path(path).exists():
+        plan.not_done.append(
+            f"interfaces: ./{path} exists and was not given with -c; not overwritten"
+        )
+        return
+    plan.interfaces = InterfaceFix(
+        path=path,
+        text=new_cluster_yaml(survey.cluster, interfaces),
+        interfaces=interfaces,
+        backup=None,
+    )
+
+
+# ----------------------------------------------------------------------------- plan, apply
+_NEVER = {
+    "firewall-blocks-ports": "doctor never changes a firewall; the rule to add is above",
+    "ssh-hostkey-changed": "a changed host key may be an attack; check it, then remove the old "
+    "entry yourself",
+    "port-in-use": "doctor never kills a process",
+}
+
+
+def plan_fixes(report: DoctorReport, *, cluster_file: str | None = None) -> FixPlan:
+    """What --fix would change for `report`, and what it leaves to the user (scans host keys)."""
+    plan = FixPlan()
+    plan_host_keys(report, plan)
+    plan_interfaces(report, cluster_file, plan)
+    fixed = {"ssh-hostkey-unknown"} if plan.host_keys else set()
+    if plan.interfaces:
+        fixed.update(INTERFACE_FINDINGS)
+    for finding in report.findings:
+        if finding.severity is not Severity.INFO and finding.id not in fixed:
+            plan.not_done.append(_left(finding))
+    return plan
+
+
+def _left(finding: Finding) -> str:
+    why = _NEVER.get(finding.id, "not a change --fix makes; see its fix above")
+    return f"{finding.id} [{', '.join(finding.nodes) or THIS_MACHINE}]: {why}"
+
+
+def render_plan(plan: FixPlan) -> str:
+    if not plan.changes:
+        lines = ["doctor --fix: nothing it can change safely."]
+    else:
+        lines = [f"doctor --fix will make {plan.changes} change(s):"]
+    for fix in plan.host_keys:
+        lines.append(
+            f"  add {fix.peer}'s host key(s) as {fix.name} to {fix.known_hosts} on {fix.target}:"
+        )
+        lines += [f"      {fingerprint(key)}" for key in fix.keys]
+        lines.append(f"    undo: ssh-keygen -R '{fix.name}' -f {fix.known_hosts}")
+    if plan.interfaces:
+        pins = ", ".join(f"{h}: {i}" for h, i in plan.interfaces.interfaces.items())
+        verb = "edit" if plan.interfaces.backup else "write a new"
+        lines.append(f"  {verb} {plan.interfaces.path}: pin interface per node ({pins})")
+        if plan.interfaces.backup:
+            lines.append(
+                f"    undo: mv {plan.interfaces.backup} {plan.interfaces.path} (the old file)"
+            )
+        else:
+            lines.append(f"    undo: rm {plan.interfaces.path}; then pass it with -c")
+    if plan.not_done:
+        lines.append("left to you:")
+        lines += [f"  {item}" for item in plan.not_done]
+    return "\n".join(lines)
+
+
+def _append_here(path: str, lines: list[str]) -> str:
+    job = json.dumps({"file": path, "lines": lines})
+    done = subprocess.run(
+        [sys.executable, "-c", _APPEND_SNIPPET],
+        input=job,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return done.stdout.strip() if done.returncode == 0 else f"failed: {done.stderr.strip()}"
+
+
+def apply_plan(plan: FixPlan, cluster: Cluster) -> list[str]:
+    """Make the planned changes; one line per change saying what happened."""
+    done = []
+    for fix in plan.host_keys:
+        if fix.target == THIS_MACHINE:
+            outcome = _append_here(fix.known_hosts, fix.lines)
+        else:
+            node = cluster.node(fix.target)
+            job = json.dumps({"file": fix.known_hosts, "lines": fix.lines}).encode()
+            [result] = run_on_nodes(
+                [node], [node.python, "-c", _APPEND_SNIPPET], stdin=job, timeout=30
+            )
+            outcome = result.stdout.strip() if result.ok else f"failed: {result.reason()}"
+        done.append(f"{fix.target}: {fix.known_hosts}: {outcome} line(s) added for {fix.name}")
+    if plan.interfaces:
+        fix = plan.interfaces
+        if fix.backup:
+            shutil.copy2(fix.path, fix.backup)
+            Path(fix.path).write_text(fix.text)
+            done.append(f"{fix.path}: interfaces pinned (old file: {fix.backup})")
+        else:
+            with open(fix.path, "x") as f:
+                f.write(fix.text)
+            done.append(f"{fix.path}: written; pass it with -c {fix.path}")
+    return done

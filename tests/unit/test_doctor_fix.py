@@ -1,0 +1,192 @@
+"""doctor --fix: what it plans from findings, the cluster.yaml edits, the known_hosts append."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+
+import pytest
+from doctor_fixtures import make_survey, window, with_id
+
+from trainfleet.cluster import load_cluster, parse_cluster_yaml
+from trainfleet.doctor import DoctorReport, node_summaries
+from trainfleet.doctor.checks import network, run_checks
+from trainfleet.doctor.findings import Finding, Severity
+from trainfleet.doctor.fix import (
+    _append_here,
+    apply_plan,
+    fingerprint,
+    new_cluster_yaml,
+    pin_interfaces,
+    plan_fixes,
+    render_plan,
+    unknown_key_name,
+)
+from trainfleet.errors import TrainfleetError
+
+pytestmark = pytest.mark.unit
+
+N1, N2, N3 = "gpu-node-1", "gpu-node-2", "gpu-node-3"
+ONE_IFACE_FOR_ALL = {"GLOO_SOCKET_IFNAME": "ens14f0", "NCCL_SOCKET_IFNAME": "ens14f0"}
+KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIEu0j7Yen8E0N5VghM9IYpPVGZ6C9upE6vcOK677SwQR"
+
+
+def _report(survey) -> DoctorReport:
+    started, finished = window()
+    return DoctorReport(
+        findings=run_checks(survey, started=started, finished=finished),
+        nodes=node_summaries(survey),
+        survey=survey,
+    )
+
+
+def test_the_known_hosts_name_comes_from_sshs_own_message():
+    stderr = (
+        "No ED25519 host key is known for [10.0.0.2]:2222 and you have requested strict "
+        "checking.\r\nHost key verification failed.\r\n"
+    )
+    assert unknown_key_name(stderr) == "[10.0.0.2]:2222"
+    assert (
+        unknown_key_name(
+            "No ECDSA host key is known for gpu-node-2 and you have requested strict checking."
+        )
+        == "gpu-node-2"
+    )
+    assert unknown_key_name("Permission denied (publickey).") is None
+
+
+def test_fingerprint_is_what_ssh_keygen_prints(tmp_path):
+    key_file = tmp_path / "k"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", key_file], check=True)
+    listed = subprocess.run(
+        ["ssh-keygen", "-lf", f"{key_file}.pub"], capture_output=True, text=True, check=True
+    ).stdout.split()[1]
+    public = (tmp_path / "k.pub").read_text()
+    assert fingerprint(public) == f"ssh-ed25519 {listed}"
+    assert fingerprint(KEY) == "ssh-ed25519 SHA256:SJMUTI1e8X1iboPlwKpa21bq2/cOU1w2TPahhmfOg7U"
+
+
+def test_append_known_hosts_creates_0600_keeps_old_lines_and_never_duplicates(tmp_path):
+    path = tmp_path / "ssh" / "known_hosts"
+    assert _append_here(str(path), [f"10.0.0.2 {KEY}"]) == "1"
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    path.write_text(path.read_text() + "10.0.0.9 ssh-rsa AAAA")  # an old line, no newline
+    assert _append_here(str(path), [f"10.0.0.2 {KEY}", f"10.0.0.3 {KEY}"]) == "1"
+    assert path.read_text().splitlines() == [
+        f"10.0.0.2 {KEY}",
+        "10.0.0.9 ssh-rsa AAAA",
+        f"10.0.0.3 {KEY}",
+    ]
+
+
+CLUSTER = """\
+# our two boxes
+master: a
+nodes:
+  - host: a            # the master
+    slots: 8
+  - slots: 8
+    host: b
+    interface: eth9    # old guess
+  - c   # short form
+  - 'd'
+"""
+
+
+def test_pin_interfaces_edits_in_place_and_keeps_comments():
+    edited = pin_interfaces(CLUSTER, "cluster.yaml", {"a": "ens1", "b": "ens2", "c": "ens3"})
+    assert edited.splitlines() == [
+        "# our two boxes",
+        "master: a",
+        "nodes:",
+        "  - host: a            # the master",
+        "    interface: ens1",
+        "    slots: 8",
+        "  - slots: 8",
+        "    host: b",
+        "    interface: ens2    # old guess",
+        "  - {host: c, interface: ens3}   # short form",
+        "  - 'd'",
+    ]
+    nodes = {n.host: n.interface for n in parse_cluster_yaml(edited, "x").nodes}
+    assert nodes == {"a": "ens1", "b": "ens2", "c": "ens3", "d": None}
+
+
+def test_pin_interfaces_refuses_what_it_cannot_edit_safely():
+    with pytest.raises(TrainfleetError, match="cannot edit"):
+        pin_interfaces("nodes:\n  - {host: a, slots: 2}\n", "c.yaml", {"a": "ens1"})
+    with pytest.raises(TrainfleetError, match="node z not found"):
+        pin_interfaces(CLUSTER, "c.yaml", {"z": "ens1"})
+
+
+def test_new_cluster_yaml_from_a_hostfile_pins_and_keeps_slots(tmp_path):
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("n1 slots=8\nn2 slots=4\n")
+    cluster = load_cluster(hostfile=str(hostfile))
+    text = new_cluster_yaml(cluster, {"n2": "ens2"})
+    parsed = parse_cluster_yaml(text, "cluster.yaml")
+    assert [(n.host, n.slots, n.interface) for n in parsed.nodes] == [
+        ("n1", 8, None),
+        ("n2", 4, "ens2"),
+    ]
+    assert str(hostfile) in text.splitlines()[0]
+
+
+def test_fix_pins_interfaces_and_the_mismatch_is_gone(tmp_path):
+    """One GLOO/NCCL_SOCKET_IFNAME for nodes whose interfaces are named differently (seed 000):
+    --fix pins each node's own interface, after which the check finds nothing."""
+    survey = make_survey(tmp_path, env=ONE_IFACE_FOR_ALL)
+    report = _report(survey)
+    assert with_id(report.findings, "iface-mismatch")
+    cluster_file = str(tmp_path / "cluster.yaml")
+    plan = plan_fixes(report, cluster_file=cluster_file)
+    assert plan.host_keys == []
+    assert plan.interfaces.interfaces == {N2: "ens14f1", N3: "ens14f2"}
+    text = render_plan(plan)
+    assert f"pin interface per node ({N2}: ens14f1, {N3}: ens14f2)" in text
+    assert f"undo: mv {plan.interfaces.backup} {cluster_file}" in text
+    before = (tmp_path / "cluster.yaml").read_text()
+
+    apply_plan(plan, survey.cluster)
+
+    assert (tmp_path / os.path.basename(plan.interfaces.backup)).read_text() == before
+    edited = (tmp_path / "cluster.yaml").read_text()
+    fixed = make_survey(tmp_path, env=ONE_IFACE_FOR_ALL)  # (rewrites cluster.yaml)
+    fixed.cluster = parse_cluster_yaml(edited, cluster_file)
+    assert with_id(network.check_interfaces(fixed), "iface-mismatch") == []
+    assert node_summaries(fixed)[N2]["interface"] == "ens14f1"
+
+
+def test_a_pinned_interface_that_is_not_the_route_to_the_master_is_a_warning(tmp_path):
+    survey = make_survey(tmp_path)
+    survey.facts[N2]["interfaces"].append(
+        {"name": "ens9", "up": True, "ipv4": ["192.168.5.2/24"], "mtu": 1500}
+    )
+    text = (tmp_path / "cluster.yaml").read_text()
+    survey.cluster = parse_cluster_yaml(pin_interfaces(text, "c", {N2: "ens9"}), "c")
+    findings = with_id(network.check_interfaces(survey), "iface-wrong")
+    assert [(f.nodes, f.severity) for f in findings] == [((N2,), Severity.WARNING)]
+    assert "pins interface ens9" in findings[0].evidence[0] and "ens14f1" in findings[0].fix
+
+
+def test_what_fix_never_does_is_listed_with_the_reason(tmp_path):
+    survey = make_survey(tmp_path)
+    report = _report(survey)
+    report.findings.append(
+        Finding(id="firewall-blocks-ports", severity=Severity.ERROR, nodes=(N3,), fix="x")
+    )
+    plan = plan_fixes(report, cluster_file=str(tmp_path / "cluster.yaml"))
+    assert plan.changes == 0
+    text = render_plan(plan)
+    assert "nothing it can change safely" in text
+    assert f"firewall-blocks-ports [{N3}]: doctor never changes a firewall" in text
+
+
+def test_a_backup_never_overwrites_an_older_one(tmp_path, monkeypatch):
+    from trainfleet.doctor import fix
+
+    monkeypatch.setattr(fix.time, "strftime", lambda _: "20261121-120000")
+    path = tmp_path / "cluster.yaml"
+    (tmp_path / "cluster.yaml.20261121-120000").write_text("the original")
+    assert fix._backup_name(str(path)) == f"{path}.20261121-120000-1"
