@@ -18,12 +18,13 @@ from collections.abc import Sequence
 from types import ModuleType
 
 from trainfleet import __version__
-from trainfleet.cli import doctor_cmd, exec_cmd, sandbox_cmd
+from trainfleet.cli import doctor_cmd, exec_cmd, launch_cmd, sandbox_cmd
 from trainfleet.errors import TrainfleetError
 
 COMMANDS: dict[str, ModuleType] = {
     "doctor": doctor_cmd,
     "exec": exec_cmd,
+    "launch": launch_cmd,
     "sandbox": sandbox_cmd,
 }
 

@@ -1,0 +1,160 @@
+"""`trainfleet launch`: start a training script on every node, watch it, explain its end.
+
+trainfleet launch -c cluster.yaml -- train.py --lr 1e-4
+trainfleet launch --hostfile hostfile --dry-run -m my_pkg.train
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from trainfleet.cli.common import CLUSTER_YAML_EXAMPLE, add_cluster_arguments, cluster_from_args
+from trainfleet.errors import TrainfleetError
+
+HELP = "start a training script on every node (torchrun over ssh), fail fast, explain hangs"
+DESCRIPTION = """\
+Runs a quick doctor first (errors stop the launch; --no-preflight skips that), then starts
+torchrun on every node over ssh with its node rank, the master address and port, one rank
+per slot, and the node's own environment: NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME set to the
+interface that reaches the master there, DS_ACCELERATOR=cpu where there is no GPU,
+cluster.yaml's env, and PATH, LD_LIBRARY_PATH, CUDA_HOME, HF_*, WANDB_*, TORCH_* from here.
+Secrets (names with TOKEN, KEY, SECRET, PASSWORD...) reach the nodes over ssh stdin and are
+masked in every output and file.
+
+Every line comes back as `[node:rank] ...` and is kept in RUN_DIR/logs. When a rank fails or
+a node's connection drops, every rank on every node is stopped within seconds, the first
+real error across all nodes is printed with its node and rank, and trainfleet exits with
+that rank's exit code. When not every rank has joined the rendezvous within --join-timeout,
+the run is stopped and doctor's checks say why. Ctrl-C stops everything the same way."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_cluster_arguments(parser)
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print each node's exact argv and environment (secrets masked); start nothing",
+    )
+    parser.add_argument("--master-port", type=int, metavar="PORT", help="default: 29500")
+    parser.add_argument(
+        "--join-timeout",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="stop and diagnose when not every rank joined the rendezvous by then (default 60)",
+    )
+    parser.add_argument(
+        "--no-preflight",
+        dest="preflight",
+        action="store_false",
+        help="start even when the quick doctor finds errors",
+    )
+    parser.add_argument(
+        "--local-rank-arg",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="pass --local_rank=N to the script (auto: when its source defines the option)",
+    )
+    parser.add_argument(
+        "--run-dir", metavar="DIR", help="logs go here (default: trainfleet-runs/RUN_ID)"
+    )
+    parser.add_argument("--json", action="store_true", help="print the outcome as JSON at the end")
+    parser.add_argument("-m", dest="module", metavar="MODULE", help="run a module (python -m)")
+    parser.add_argument(
+        "command", nargs=argparse.REMAINDER, metavar="-- SCRIPT.py [ARGS]", help="what to run"
+    )
+    parser.epilog = CLUSTER_YAML_EXAMPLE
+
+
+def _command(args: argparse.Namespace) -> tuple[str, ...]:
+    rest = list(args.command)
+    if rest and rest[0] == "--":
+        rest = rest[1:]
+    if args.module:
+        return ("-m", args.module, *rest)
+    if not rest:
+        raise TrainfleetError("no script given", "trainfleet launch [options] -- train.py [ARGS]")
+    return tuple(rest)
+
+
+def _render_findings(findings) -> list[str]:
+    from trainfleet.nodeset import fold_names
+
+    lines = []
+    for f in findings:
+        lines.append(f"  {str(f.severity).upper():7} {f.id}  [{fold_names(f.nodes)}]")
+        lines += [f"    {e}" for e in f.evidence[:6]]
+        lines.append(f"    fix: {f.fix}")
+    return lines
+
+
+def render_outcome(result, plan) -> str:
+    from trainfleet.launch import RunState
+
+    logs = result.run_dir / "logs"
+    head = f"trainfleet: {result.state.value} after {result.seconds:.1f} s"
+    lines = [head]
+    if result.state is RunState.DONE:
+        lines[0] += f": all {plan.world_size} rank(s) on {len(plan.nodes)} node(s) finished"
+    root = result.root_cause
+    if root and result.state is not RunState.DONE:
+        where = f"{root.node} rank {root.rank}" if root.rank is not None else root.node
+        lines.append(f"root cause: {where}: {root.text}")
+        log = f"{root.node}.rank{root.rank}.log" if root.rank is not None else f"{root.node}.log"
+        lines.append(f"  its log: {logs / log}")
+    elif result.state is RunState.FAILED and result.first_failure:
+        lines.append(f"root cause: {result.first_failure} ended first (no error text seen)")
+    if result.state is RunState.STALLED:
+        missing = [
+            f"{node} (rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))})"
+            for node, r in result.not_joined.items()
+        ]
+        lines.append(f"not joined: {', '.join(missing)}")
+        if result.diagnosis:
+            lines.append("why (doctor, between the nodes):")
+            lines += _render_findings(result.diagnosis)
+        else:
+            lines.append(
+                "doctor found no network cause between the nodes: see the ranks' last lines "
+                f"in {logs}"
+            )
+    lines.append(f"exit code {result.exit_code}; logs: {logs}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    from trainfleet.launch import LaunchOptions, PreflightFailed, launch, new_run_id, prepare
+    from trainfleet.launch.plan import render_plan
+
+    options = LaunchOptions(
+        command=_command(args),
+        master_port=args.master_port,
+        local_rank_arg=args.local_rank_arg,
+        run_id=new_run_id(),
+        join_timeout=args.join_timeout,
+    )
+    cluster = cluster_from_args(args)
+    try:
+        plan, _ = prepare(cluster, options, preflight=args.preflight)
+    except PreflightFailed as exc:
+        print(
+            "trainfleet: the preflight doctor found errors; nothing was started:", file=sys.stderr
+        )
+        print("\n".join(_render_findings(exc.report.findings)), file=sys.stderr)
+        print("fix them, or pass --no-preflight to start anyway", file=sys.stderr)
+        return 1
+    if args.dry_run:
+        print(render_plan(plan))
+        return 0
+    for note in plan.notes:
+        print(f"trainfleet: {note}", file=sys.stderr)
+    run_dir = Path(args.run_dir or f"trainfleet-runs/{options.run_id}")
+    result = launch(plan, cluster, run_dir=run_dir)
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2))
+    else:
+        print(render_outcome(result, plan), file=sys.stderr)
+    return result.exit_code

@@ -1,0 +1,168 @@
+"""The node side of a launch (stdlib only, Python 3.8 syntax): starts the node's command and
+guarantees that nothing of it outlives the launch.
+
+The launcher runs `python -u -c LOADER` over ssh; LOADER reads one line from stdin (this file
+plus the job, base64) and runs it. After that line, stdin is the lifeline: when it closes (the
+launcher stopped the job, died, or its ssh connection dropped), or on SIGTERM/SIGHUP, every
+process of the job on this node gets SIGTERM, then SIGKILL after a grace period.
+
+"Every process of the job": the command runs in its own session, and this process is made a
+child subreaper (prctl), so that workers which leave their parent's session (torchrun starts
+each rank in a new session) or lose their parent are still its descendants. They are found by
+pid from /proc, never by name.
+
+The job (JSON): run_id, cwd, env (set over the login environment), argv (the token {SHIM} is
+replaced by the path of the rank shim written here), shim (its source), grace (seconds).
+"""
+
+import base64
+import ctypes
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+PR_SET_CHILD_SUBREAPER = 36
+LOADER = (
+    "import base64,sys;"
+    "exec(compile(base64.b64decode(sys.stdin.readline()),'trainfleet-bootstrap','exec'))"
+)
+
+
+def become_subreaper():
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # not Linux: orphans go to init, the session kill still reaches them
+
+
+def descendants(root):
+    """Pids below `root`, from /proc (children first found by their parent pid)."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % entry) as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
+        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def signal_all(pids, sig):
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def reap(child_pid, status):
+    """Collect exited descendants; record the command's own exit status."""
+    while True:
+        try:
+            pid, raw = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        if pid == child_pid:
+            if os.WIFSIGNALED(raw):
+                status["rc"] = -os.WTERMSIG(raw)
+            else:
+                status["rc"] = os.WEXITSTATUS(raw)
+
+
+def stop_everything(child_pid, status, grace):
+    """SIGTERM to every descendant (and the command's session), SIGKILL what is left after
+    `grace` seconds; returns when none is left."""
+    me = os.getpid()
+    try:
+        os.killpg(child_pid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        pass
+    signal_all(descendants(me), signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while descendants(me) and time.monotonic() < deadline:
+        reap(child_pid, status)
+        time.sleep(0.05)
+    while True:
+        reap(child_pid, status)
+        left = descendants(me)
+        if not left:
+            return
+        signal_all(left, signal.SIGKILL)
+        time.sleep(0.05)
+
+
+def main(job):
+    stop = threading.Event()
+
+    def watch_stdin():
+        try:
+            while sys.stdin.readline():
+                pass
+        except (OSError, ValueError):
+            pass
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    become_subreaper()
+    workdir = tempfile.mkdtemp(prefix="trainfleet-%s-" % job["run_id"])  # mode 0700
+    status = {"rc": None}
+    try:
+        shim = os.path.join(workdir, "shim.py")
+        with open(shim, "w") as f:
+            f.write(job["shim"])
+        argv = [shim if word == "{SHIM}" else word for word in job["argv"]]
+        env = dict(os.environ)
+        env.update(job["env"])
+        try:
+            proc = subprocess.Popen(
+                argv,
+                cwd=job["cwd"] or None,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            sys.stderr.write("trainfleet: cannot start %s: %s\n" % (argv[0], exc))
+            return 127
+        sys.stderr.write("@@trainfleet:%s:pid:%d\n" % (job["run_id"], os.getpid()))
+        sys.stderr.flush()
+        threading.Thread(target=watch_stdin, daemon=True).start()
+        while status["rc"] is None and not stop.is_set():
+            reap(proc.pid, status)
+            stop.wait(0.1)
+        stop_everything(proc.pid, status, job.get("grace", 5))
+        if stop.is_set() and status["rc"] is None:
+            status["rc"] = 143
+        return status["rc"] if status["rc"] is not None else 143
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def payload(job):
+    """The line to send first on stdin: this file plus the call to main with `job`."""
+    source = open(__file__.replace(".pyc", ".py")).read()
+    encoded = base64.b64encode(json.dumps(job).encode()).decode()
+    program = (
+        source
+        + "\nsys.stdout.flush()\nsys.exit(main(json.loads(base64.b64decode(%r))))\n" % encoded
+    )
+    return base64.b64encode(program.encode()) + b"\n"

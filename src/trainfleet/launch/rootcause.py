@@ -1,0 +1,136 @@
+"""The first real error of a run across all nodes: pure functions of the lines the ranks printed.
+
+    >>> tracker = ErrorTracker()
+    >>> tracker.feed(1.0, "n1", 0, "Traceback (most recent call last):")
+    >>> tracker.feed(1.1, "n1", 0, "ValueError: bad shape")
+    >>> tracker.feed(0.9, "n2", 1, "RuntimeError: Connection closed by peer")
+    >>> tracker.root_cause().text
+    'ValueError: bad shape'
+
+An error is the last line of a Python traceback, or a line torchrun or a library marks as
+fatal. The root cause is the earliest error that is not a timeout or a consequence of another
+rank's death (a closed connection, a SIGTERM sent by the launcher, torchrun's own summary); if
+every error is such a consequence, the earliest one.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+# The last line of a traceback: `ValueError: msg`, `torch.distributed.DistNetworkError: msg`,
+# `KeyboardInterrupt`.
+_EXCEPTION = re.compile(
+    r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Failure))(?::\s*(.*))?$"
+)
+_CONSEQUENCE = re.compile(
+    r"timed? ?out|timeout|Connection closed by peer|Connection reset|Broken pipe|"
+    r"SIGTERM|Signal 15|SIGKILL|ChildFailedError|DistNetworkError|DistStoreError|"
+    r"KeyboardInterrupt|Socket Timeout|NCCL watchdog|Terminated|SignalException|got signal|"
+    r"ProcessGroupGloo.*(?:closed|reset)|peer.*(?:closed|died)",
+    re.IGNORECASE,
+)
+# torchrun's failure summary, printed by each node's agent:
+#   Root Cause (first observed failure):
+#   ...
+#     rank      : 1 (local_rank: 0)
+#     exitcode  : 3 (pid: 19646)
+_SUMMARY_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
+_SUMMARY_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class RankError:
+    time: float
+    node: str
+    rank: int | None
+    text: str
+    consequence: bool
+    exitcode: int | None = None
+
+    def to_json(self) -> dict:
+        return {
+            "node": self.node,
+            "rank": self.rank,
+            "error": self.text,
+            "consequence": self.consequence,
+            "exitcode": self.exitcode,
+        }
+
+
+def is_consequence(text: str) -> bool:
+    return bool(_CONSEQUENCE.search(text))
+
+
+@dataclass(slots=True)
+class ErrorTracker:
+    """Fed every output line as it arrives; knows the errors seen so far."""
+
+    errors: list[RankError] = field(default_factory=list)
+    summaries: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """Per node: (rank, exitcode) of the root cause torchrun's agent reported there."""
+    _in_traceback: set = field(default_factory=set)
+    _in_summary: dict = field(default_factory=dict)
+
+    def feed(self, time: float, node: str, rank: int | None, line: str) -> None:
+        key = (node, rank)
+        text = line.rstrip()
+        if rank is None and self._summary(node, text):
+            return
+        if text.startswith("Traceback (most recent call last)"):
+            self._in_traceback.add(key)
+            return
+        match = _EXCEPTION.match(text)
+        if match and (key in self._in_traceback or rank is not None):
+            self._in_traceback.discard(key)
+            self.errors.append(
+                RankError(
+                    time=time, node=node, rank=rank, text=text, consequence=is_consequence(text)
+                )
+            )
+
+    def _summary(self, node: str, text: str) -> bool:
+        """Follows torchrun's 'Root Cause' block; True while inside it."""
+        state = self._in_summary.get(node)
+        if "Root Cause (first observed failure)" in text:
+            self._in_summary[node] = {}
+            return True
+        if state is None:
+            return False
+        if m := _SUMMARY_RANK.match(text):
+            state["rank"] = int(m.group(1))
+        elif m := _SUMMARY_EXIT.match(text):
+            state["exitcode"] = int(m.group(1))
+        elif text.startswith("====="):
+            if "rank" in state and "exitcode" in state:
+                self.summaries[node] = (state["rank"], state["exitcode"])
+            del self._in_summary[node]
+        return True
+
+    def root_cause(self, first_failed_node: str | None = None) -> RankError | None:
+        """The earliest real error; else the rank torchrun's agent names on the first node
+        that failed; else the earliest consequence."""
+        real = [e for e in self.errors if not e.consequence]
+        if real:
+            pick = min(real, key=lambda e: e.time)
+            summary = self.summaries.get(pick.node)
+            exitcode = summary[1] if summary and summary[0] == pick.rank else None
+            return RankError(
+                time=pick.time,
+                node=pick.node,
+                rank=pick.rank,
+                text=pick.text,
+                consequence=False,
+                exitcode=exitcode,
+            )
+        if first_failed_node in self.summaries:
+            rank, exitcode = self.summaries[first_failed_node]
+            return RankError(
+                time=0.0,
+                node=first_failed_node,
+                rank=rank,
+                text=f"rank {rank} exited with code {exitcode}",
+                consequence=exitcode < 0,
+                exitcode=exitcode,
+            )
+        return min(self.errors, key=lambda e: e.time, default=None)

@@ -1,0 +1,129 @@
+"""Runs in every rank ahead of the user's script (stdlib only, Python 3.8 syntax).
+
+    torchrun ... /tmp/trainfleet-x/shim.py train.py --lr 1e-4
+    torchrun ... /tmp/trainfleet-x/shim.py -m my_pkg.train --lr 1e-4
+
+It reports, on stderr, when the rank started, entered `torch.distributed.init_process_group`
+and came out of it (what the launcher's join watchdog counts), adds `--local_rank=N` for
+scripts that expect the argument (seed 004: DeepSpeed's runner passes it, torchrun does not),
+then runs the script as `__main__`: its exceptions, exit codes and output are its own.
+
+Environment it reads: TRAINFLEET_RUN_ID (marks lines as this run's), TRAINFLEET_LOCAL_RANK_ARG
+(auto | always | never), TRAINFLEET_NODE_ENV (optional JSON file: per node rank, variables to
+set before the script runs; how the deepspeed backend gives each node its own environment).
+"""
+
+import functools
+import importlib.abc
+import importlib.util
+import json
+import os
+import runpy
+import sys
+
+MARK = "@@trainfleet"
+
+
+def mark(event):
+    sys.stderr.write(
+        "%s:%s:%s:%s\n"
+        % (MARK, os.environ.get("TRAINFLEET_RUN_ID", "-"), event, os.environ.get("RANK", "?"))
+    )
+    sys.stderr.flush()
+
+
+def wrap_init(dist):
+    original = dist.init_process_group
+    if getattr(original, "_trainfleet", False):
+        return
+
+    @functools.wraps(original)
+    def init_process_group(*args, **kwargs):
+        mark("entered")
+        result = original(*args, **kwargs)
+        mark("joined")
+        return result
+
+    init_process_group._trainfleet = True
+    dist.init_process_group = init_process_group
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Wraps init_process_group as soon as torch.distributed is imported, without importing
+    torch itself (a script that never uses it pays nothing)."""
+
+    def find_spec(self, name, path, target=None):
+        if name != "torch.distributed":
+            return None
+        sys.meta_path.remove(self)
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            sys.meta_path.insert(0, self)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_and_wrap(module):
+            exec_module(module)
+            sys.meta_path[:] = [f for f in sys.meta_path if f is not self]
+            wrap_init(module)
+
+        spec.loader.exec_module = exec_and_wrap
+        return spec
+
+
+def wants_local_rank(target, is_module):
+    """True when the script's source defines a --local_rank / --local-rank option."""
+    try:
+        if is_module:
+            spec = importlib.util.find_spec(target)
+            path = spec.origin if spec else None
+        else:
+            path = target
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    except (OSError, TypeError, ImportError, ValueError):
+        return False
+    return "--local_rank" in text or "--local-rank" in text
+
+
+def node_env():
+    path = os.environ.get("TRAINFLEET_NODE_ENV")
+    if not path:
+        return {}
+    with open(path) as f:
+        table = json.load(f)
+    rank = int(os.environ.get("RANK", "0"))
+    for entry in table:
+        if entry["first_rank"] <= rank < entry["first_rank"] + entry["slots"]:
+            return entry["env"]
+    return {}
+
+
+def main(argv):
+    if not argv:
+        sys.exit("trainfleet shim: no script given")
+    os.environ.update(node_env())
+    is_module = argv[0] == "-m"
+    target, args = (argv[1], argv[2:]) if is_module else (argv[0], argv[1:])
+    mode = os.environ.get("TRAINFLEET_LOCAL_RANK_ARG", "auto")
+    has_arg = any(a.startswith(("--local_rank", "--local-rank")) for a in args)
+    if not has_arg and (
+        mode == "always" or (mode == "auto" and wants_local_rank(target, is_module))
+    ):
+        args = args + ["--local_rank=%s" % os.environ.get("LOCAL_RANK", "0")]
+    sys.meta_path.insert(0, _AfterImport())
+    mark("started")
+    if is_module:
+        sys.argv = [target] + args
+        sys.path[0] = os.getcwd()
+        runpy.run_module(target, run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = [target] + args
+        sys.path[0] = os.path.dirname(os.path.abspath(target))
+        runpy.run_path(target, run_name="__main__")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

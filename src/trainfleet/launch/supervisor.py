@@ -1,0 +1,372 @@
+"""Executes a LaunchPlan: one bootstrap per node, output merged with `[node:rank]` prefixes and
+written per rank, fail-fast, the join watchdog, and cleanup on every path.
+
+    >>> result = supervise(plan, cluster, run_dir=Path("runs/x"))  # doctest: +SKIP
+    >>> result.exit_code  # doctest: +SKIP
+
+Lifecycle of a run (RunState): STARTING -> RUNNING -> (DONE | FAILED | STALLED | INTERRUPTED).
+Every exit from RUNNING other than DONE stops every node the same way: the launcher closes the
+stdin of each node's bootstrap, which SIGTERMs and then SIGKILLs every process of the job on
+that node (tracked by pid, never by name); a node that does not end within the grace period is
+cut off by killing its ssh.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import re
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from trainfleet.cluster import Cluster
+from trainfleet.launch import bootstrap, shim
+from trainfleet.launch.plan import LaunchPlan, masked
+from trainfleet.launch.rootcause import ErrorTracker, RankError
+from trainfleet.remote import node_argv
+
+_TORCHRUN_PREFIX = re.compile(r"^\[default(\d+)\]:(.*)$", re.DOTALL)
+_TORCH_RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")
+"""torch prefixes the lines of a rank's uncaught exception with `[rankN]: `."""
+CUT_OFF_AFTER_S = 5
+"""After a node's grace period: how long before its ssh is killed."""
+SSH_DROPPED = 255
+
+
+class RunState(enum.Enum):
+    STARTING = "starting"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    STALLED = "stalled"
+    """Not every rank joined the rendezvous within the join timeout."""
+    INTERRUPTED = "interrupted"
+
+
+@dataclass(kw_only=True, slots=True)
+class LaunchResult:
+    state: RunState
+    exit_code: int
+    run_dir: Path
+    seconds: float
+    node_codes: dict[str, int | None]
+    root_cause: RankError | None = None
+    first_failure: str | None = None
+    """The node whose command ended first with an error (or whose connection dropped)."""
+    not_joined: dict[str, list[int]] = field(default_factory=dict)
+    """STALLED: per node, the ranks that had not joined."""
+    diagnosis: list = field(default_factory=list)
+    """STALLED: doctor's findings between the nodes (filled by the caller)."""
+
+    def to_json(self) -> dict:
+        return {
+            "state": self.state.value,
+            "exit_code": self.exit_code,
+            "run_dir": str(self.run_dir),
+            "seconds": round(self.seconds, 3),
+            "node_codes": self.node_codes,
+            "root_cause": self.root_cause.to_json() if self.root_cause else None,
+            "first_failure": self.first_failure,
+            "not_joined": self.not_joined,
+            "diagnosis": [f.to_json() for f in self.diagnosis],
+        }
+
+
+@dataclass(slots=True)
+class _Joins:
+    """Join watchdog state, from the rank shim's marks."""
+
+    world_size: int
+    started: set = field(default_factory=set)
+    entered: set = field(default_factory=set)
+    joined: set = field(default_factory=set)
+    first_entered: float | None = None
+
+    def mark(self, event: str, rank: int, now: float) -> None:
+        if event == "started":
+            self.started.add(rank)
+        elif event == "entered":
+            self.entered.add(rank)
+            self.first_entered = self.first_entered or now
+        elif event == "joined":
+            self.joined.add(rank)
+
+    def stalled(self, started_at: float, now: float, timeout: float) -> set[int] | None:
+        """The ranks that have not joined, once the join timeout has run out; else None."""
+        everyone = set(range(self.world_size))
+        if len(self.started) < self.world_size and now - started_at > timeout:
+            return everyone - self.joined
+        if self.first_entered and len(self.joined) < self.world_size:
+            if now - self.first_entered > timeout:
+                return everyone - self.joined
+        return None
+
+
+class _Output:
+    """Prefixes, prints and logs every line; feeds the error tracker and the join watchdog."""
+
+    def __init__(self, plan: LaunchPlan, run_dir: Path, out: IO[str], started: float) -> None:
+        self.plan = plan
+        self.out = out
+        self.started = started
+        self.logs: dict[str, IO[str]] = {}
+        self.log_dir = run_dir / "logs"
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.tracker = ErrorTracker()
+        self.joins = _Joins(plan.world_size)
+        self.first_rank = {n.host: n.first_rank for n in plan.nodes}
+        self.mark = f"{shim.MARK}:{plan.options.run_id}:"
+        self.width = max(len(n.host) for n in plan.nodes) + len(str(plan.world_size)) + 3
+        self.quiet = False
+        """Once the launcher stops the run: lines go to the logs only (torchrun's shutdown
+        tracebacks would bury the cause)."""
+
+    def _log(self, name: str) -> IO[str]:
+        if name not in self.logs:
+            self.logs[name] = open(self.log_dir / f"{name}.log", "a", encoding="utf-8")
+        return self.logs[name]
+
+    def line(self, node: str, stream: str, text: str) -> None:
+        now = time.monotonic()
+        rank = None
+        match = _TORCHRUN_PREFIX.match(text)
+        if match:
+            rank = self.first_rank[node] + int(match.group(1))
+            text = match.group(2)
+        if text.startswith(self.mark):
+            event, _, who = text[len(self.mark) :].partition(":")
+            if who.isdigit():
+                self.joins.mark(event, int(who), now)
+            return
+        self.tracker.feed(now, node, rank, _TORCH_RANK_PREFIX.sub("", text, count=1))
+        if not self.quiet:
+            prefix = f"[{node}:{rank}]" if rank is not None else f"[{node}]"
+            self.out.write(f"{prefix:<{self.width}} {text}\n")
+            self.out.flush()
+        log = self._log(f"{node}.rank{rank}" if rank is not None else node)
+        log.write(f"{now - self.started:10.3f} {stream} {text}\n")
+        log.flush()
+
+    def note(self, text: str) -> None:
+        self.out.write(f"trainfleet: {text}\n")
+        self.out.flush()
+        self._log("launch").write(f"{time.monotonic() - self.started:10.3f} {text}\n")
+
+    def close(self) -> None:
+        for log in self.logs.values():
+            log.close()
+
+
+async def _pump(stream: asyncio.StreamReader, node: str, name: str, output: _Output) -> None:
+    pending = b""
+    while chunk := await stream.read(1 << 16):
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for raw in lines:
+            output.line(node, name, raw.decode("utf-8", errors="replace"))
+    if pending:
+        output.line(node, name, pending.decode("utf-8", errors="replace"))
+
+
+class _Run:
+    def __init__(self, plan: LaunchPlan, cluster: Cluster, run_dir: Path, out: IO[str]) -> None:
+        self.plan = plan
+        self.cluster = cluster
+        self.run_dir = run_dir
+        self.started = time.monotonic()
+        self.output = _Output(plan, run_dir, out, self.started)
+        self.procs: dict[str, asyncio.subprocess.Process] = {}
+        self.pumps: list[asyncio.Task] = []
+        self.codes: dict[str, int | None] = {n.host: None for n in plan.nodes}
+        self.state = RunState.STARTING
+        self.first_failure: str | None = None
+        self.interrupted = asyncio.Event()
+        self.not_joined: set[int] = set()
+
+    async def start(self) -> None:
+        shim_source = Path(shim.__file__).read_text()
+        for node_plan in self.plan.nodes:
+            node = self.cluster.node(node_plan.host)
+            job = {
+                "run_id": self.plan.options.run_id,
+                "cwd": node_plan.cwd,
+                "env": node_plan.env,
+                "argv": node_plan.argv,
+                "shim": shim_source,
+                "grace": self.plan.options.grace,
+            }
+            # The environment (secrets included) travels on stdin: never in an argv that `ps`
+            # shows, never in a file.
+            argv = node_argv(node, [node.python, "-u", "-c", bootstrap.LOADER], multiplex=False)
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                start_new_session=True,  # Ctrl-C reaches trainfleet, which stops nodes in order
+            )
+            proc.stdin.write(bootstrap.payload(job))
+            await proc.stdin.drain()
+            self.procs[node_plan.host] = proc
+            self.pumps += [
+                asyncio.ensure_future(_pump(proc.stdout, node_plan.host, "stdout", self.output)),
+                asyncio.ensure_future(_pump(proc.stderr, node_plan.host, "stderr", self.output)),
+            ]
+        self.state = RunState.RUNNING
+
+    async def watch(self) -> None:
+        """Until every node is done, one fails, the watchdog fires or the user interrupts."""
+        waits = {asyncio.ensure_future(proc.wait()): host for host, proc in self.procs.items()}
+        interrupted = asyncio.ensure_future(self.interrupted.wait())
+        while waits:
+            done, _ = await asyncio.wait(
+                [*waits, interrupted], timeout=0.25, return_when=asyncio.FIRST_COMPLETED
+            )
+            if interrupted in done:
+                self.state = RunState.INTERRUPTED
+                self.output.note("interrupted: stopping every rank on every node")
+                break
+            failed = False
+            for task in [t for t in done if t in waits]:
+                host = waits.pop(task)
+                self.codes[host] = task.result()
+                if task.result() != 0 and not failed:
+                    failed = True
+                    self.first_failure = host
+            if failed:
+                self.state = RunState.FAILED
+                code = self.codes[self.first_failure]
+                why = "its connection dropped" if code == SSH_DROPPED else f"exit code {code}"
+                self.output.note(
+                    f"{self.first_failure} failed ({why}): stopping every rank on every node"
+                )
+                break
+            not_joined = self.output.joins.stalled(
+                self.started, time.monotonic(), self.plan.options.join_timeout
+            )
+            if not_joined is not None and waits:
+                self.state = RunState.STALLED
+                self.not_joined = not_joined
+                self.output.note(
+                    f"not every rank joined the rendezvous within "
+                    f"{self.plan.options.join_timeout:.0f} s: stopping every rank on every node"
+                )
+                break
+        else:
+            self.state = RunState.DONE
+        interrupted.cancel()
+        if self.state is not RunState.DONE:
+            self.output.note(f"what the nodes print while stopping is in {self.output.log_dir}")
+            self.output.quiet = True
+
+    async def stop(self) -> None:
+        """Close every bootstrap's stdin (it stops its node's job); kill ssh past the grace."""
+        running = {h: p for h, p in self.procs.items() if p.returncode is None}
+        for proc in running.values():
+            try:
+                proc.stdin.close()
+            except (BrokenPipeError, ConnectionResetError, RuntimeError):
+                pass
+        if running:
+            limit = self.plan.options.grace + CUT_OFF_AFTER_S
+            _, late = await asyncio.wait(
+                [asyncio.ensure_future(p.wait()) for p in running.values()], timeout=limit
+            )
+            for host, proc in running.items():
+                if proc.returncode is None:
+                    self.output.note(f"{host} did not stop within {limit:.0f} s: cutting it off")
+                    try:
+                        proc.kill()
+                    except ProcessLookupError:
+                        pass
+                    await proc.wait()
+        for host, proc in self.procs.items():
+            if self.codes[host] is None:
+                self.codes[host] = proc.returncode
+        await asyncio.wait(self.pumps, timeout=2)
+
+    def result(self) -> LaunchResult:
+        root = None
+        if self.state in (RunState.FAILED, RunState.INTERRUPTED):
+            root = self.output.tracker.root_cause(self.first_failure)
+        elif self.state is RunState.STALLED:  # the cause is the diagnosis, unless a rank erred
+            root = self.output.tracker.root_cause()
+            root = root if root and not root.consequence else None
+        exit_code = 0
+        if self.state is RunState.FAILED:
+            code = self.codes[self.first_failure] or 1
+            exit_code = root.exitcode if root and root.exitcode and root.exitcode > 0 else code
+        elif self.state is RunState.INTERRUPTED:
+            exit_code = 130
+        elif self.state is RunState.STALLED:
+            exit_code = 1
+        by_node: dict[str, list[int]] = {}
+        for rank in sorted(self.not_joined):
+            by_node.setdefault(self.plan.node_of_rank(rank) or "?", []).append(rank)
+        return LaunchResult(
+            state=self.state,
+            exit_code=exit_code,
+            run_dir=self.run_dir,
+            seconds=time.monotonic() - self.started,
+            node_codes=dict(self.codes),
+            root_cause=root,
+            first_failure=self.first_failure,
+            not_joined=by_node,
+        )
+
+
+async def _supervise(
+    plan: LaunchPlan,
+    cluster: Cluster,
+    run_dir: Path,
+    out: IO[str],
+    diagnose: Callable[[], list] | None,
+) -> LaunchResult:
+    run = _Run(plan, cluster, run_dir, out)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, run.interrupted.set)
+    diagnosis = None
+    try:
+        await run.start()
+        await run.watch()
+        if run.state is RunState.STALLED and diagnose is not None:
+            run.output.note("asking doctor why, while the ranks stop")
+            diagnosis = loop.run_in_executor(None, diagnose)
+    finally:
+        await run.stop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        run.output.close()
+    result = run.result()
+    if diagnosis is not None:
+        result.diagnosis = await diagnosis
+        result.seconds = time.monotonic() - run.started
+    return result
+
+
+def supervise(
+    plan: LaunchPlan,
+    cluster: Cluster,
+    *,
+    run_dir: Path,
+    out: IO[str] | None = None,
+    diagnose: Callable[[], list] | None = None,
+) -> LaunchResult:
+    """Run `plan` to its end; each node's environment (secrets masked) is kept in
+    `run_dir/env.txt`, each rank's output in `run_dir/logs/NODE.rankN.log`. `diagnose` runs
+    (in a thread, while the ranks stop) when not every rank joined; its findings go into the
+    result."""
+    run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    (run_dir / "env.txt").write_text(
+        "\n".join(
+            f"{n.host}: {k}={v}" for n in plan.nodes for k, v in sorted(masked(n.env).items())
+        )
+        + "\n"
+    )
+    return asyncio.run(_supervise(plan, cluster, run_dir, out or sys.stdout, diagnose))
