@@ -149,10 +149,12 @@ def main(job):
         while status["rc"] is None and not stop.is_set():
             reap(proc.pid, status)
             stop.wait(0.1)
+        stopped = status["rc"] is None  # the loop ended on a stop, not on the command's exit
         stop_everything(proc.pid, status, job.get("grace", 5))
-        if stop.is_set() and status["rc"] is None:
-            status["rc"] = 143
-        return status["rc"] if status["rc"] is not None else 143
+        rc = status["rc"]
+        if stopped or rc is None:
+            return 143  # stopped by the launcher (128 + SIGTERM)
+        return 128 - rc if rc < 0 else rc  # killed by a signal: the shell's convention
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 

@@ -143,6 +143,7 @@ def torchrun_argv(
 ) -> list[str]:
     return [
         python,
+        "-u",  # torchrun's stdout is a pipe: unbuffered, or rank lines arrive minutes late
         "-m",
         "torch.distributed.run",
         f"--nnodes={nnodes}",

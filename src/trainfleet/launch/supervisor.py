@@ -266,6 +266,7 @@ class _Run:
 
     async def stop(self) -> None:
         """Close every bootstrap's stdin (it stops its node's job); kill ssh past the grace."""
+        stop_started = time.monotonic()
         running = {h: p for h, p in self.procs.items() if p.returncode is None}
         for proc in running.values():
             try:
@@ -288,13 +289,19 @@ class _Run:
         for host, proc in self.procs.items():
             if self.codes[host] is None:
                 self.codes[host] = proc.returncode
+        if running and self.state is not RunState.DONE:
+            self.output.note(
+                f"every rank on every node stopped, {time.monotonic() - stop_started:.1f} s "
+                "after the stop began"
+            )
         await asyncio.wait(self.pumps, timeout=2)
 
     def result(self) -> LaunchResult:
         root = None
-        if self.state in (RunState.FAILED, RunState.INTERRUPTED):
+        if self.state is RunState.FAILED:
             root = self.output.tracker.root_cause(self.first_failure)
-        elif self.state is RunState.STALLED:  # the cause is the diagnosis, unless a rank erred
+        elif self.state is not RunState.DONE:
+            # Stalled: the cause is the diagnosis; interrupted: the user. Unless a rank erred.
             root = self.output.tracker.root_cause()
             root = root if root and not root.consequence else None
         exit_code = 0

@@ -1,0 +1,175 @@
+"""`trainfleet launch` on real sandboxes: real sshd, real torchrun, real gloo. Each test runs the
+CLI as a separate process (as a user would, so that Ctrl-C and a killed ssh are real) and checks
+afterwards that no process of the job is left on any node."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.cluster
+
+SCRIPTS = Path(__file__).parent / "scripts"
+IFNAMES = ["ens14f0", "ens14f1", "ens14f2"]
+
+
+def _launch(cluster_file, run_dir, *args, script="allreduce.py", env=None, **popen):
+    argv = [
+        sys.executable,
+        "-m",
+        "trainfleet",
+        "launch",
+        "-c",
+        str(cluster_file),
+        "--run-dir",
+        str(run_dir),
+        *args,
+        "--",
+        str(SCRIPTS / script),
+    ]
+    return subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, **(env or {})},
+        **popen,
+    )
+
+
+def _finish(proc, timeout=180) -> tuple[int, str]:
+    out, _ = proc.communicate(timeout=timeout)
+    return proc.returncode, out
+
+
+def _job_processes() -> list[str]:
+    """Command lines of any bootstrap, torchrun or rank of a launch still running anywhere on
+    this machine (every sandbox node shares its process table)."""
+    left = []
+    for entry in os.listdir("/proc"):
+        try:
+            raw = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        cmdline = raw.replace(b"\0", b" ").decode(errors="replace")
+        if "trainfleet-bootstrap" in cmdline or str(SCRIPTS) in cmdline:
+            left.append(f"{entry}: {cmdline[:200]}")
+    return left
+
+
+@pytest.fixture(autouse=True)
+def no_job_left_behind():
+    yield
+    deadline = time.monotonic() + 5
+    while _job_processes() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _job_processes() == []
+
+
+def test_allreduce_on_three_nodes_with_different_interface_names_and_decoys(make_sandbox, tmp_path):
+    box = make_sandbox(nodes=3, ifnames=IFNAMES, slots=2, faults=["decoy-iface@2"])
+    code, out = _finish(_launch(box.cluster_file, tmp_path / "run"))
+    assert code == 0, out
+    for rank, node in enumerate(["gpu-node-1"] * 2 + ["gpu-node-2"] * 2 + ["gpu-node-3"] * 2):
+        iface = IFNAMES[rank // 2]
+        assert f"[{node}:{rank}] rank {rank}/6 sum=21.0 GLOO_SOCKET_IFNAME={iface}" in out, out
+    assert "done after" in out and "all 6 rank(s) on 3 node(s) finished" in out
+    log = (tmp_path / "run" / "logs" / "gpu-node-2.rank3.log").read_text()
+    assert "rank 3/6 sum=21.0 GLOO_SOCKET_IFNAME=ens14f1" in log
+
+
+def test_firewall_stops_the_launch_in_preflight_and_without_it_the_join_watchdog_explains(
+    make_sandbox, tmp_path
+):
+    box = make_sandbox(nodes=3, faults=["firewall-blocks-ports@1"])
+    code, out = _finish(_launch(box.cluster_file, tmp_path / "pre"))
+    assert code == 1
+    assert "preflight doctor found errors" in out and "firewall-blocks-ports  [gpu-node-1]" in out
+    assert not (tmp_path / "pre").exists()  # nothing was started
+
+    join_timeout = 10
+    started = time.monotonic()
+    proc = _launch(
+        box.cluster_file, tmp_path / "run", "--no-preflight", f"--join-timeout={join_timeout}"
+    )
+    code, out = _finish(proc)
+    elapsed = time.monotonic() - started
+    assert code == 1, out
+    assert "not every rank joined the rendezvous within 10 s" in out
+    assert "firewall-blocks-ports  [gpu-node-1]" in out and "iptables -I INPUT" in out
+    assert elapsed < join_timeout + 30, f"diagnosis took {elapsed:.0f} s"
+
+
+def test_loopback_hostname_and_busy_master_port_are_handled(make_sandbox, tmp_path):
+    box = make_sandbox(nodes=3, faults=["hostname-loopback@2", "port-in-use@1"])
+    code, out = _finish(_launch(box.cluster_file, tmp_path / "run"))
+    assert code == 0, out
+    assert "master port 29500 is taken on the master" in out and "using 29501" in out
+    assert "[gpu-node-2:1] rank 1/3 sum=6.0" in out
+
+
+def test_a_rank_that_exits_3_stops_every_node_and_is_named_as_the_root_cause(
+    make_sandbox, tmp_path
+):
+    box = make_sandbox(nodes=3, slots=2)
+    code, out = _finish(_launch(box.cluster_file, tmp_path / "run", script="fail_rank.py"))
+    assert code == 3, out
+    assert "root cause: gpu-node-2 rank 3" in out
+    # Every rank on every node ended within 10 s of the failure (the others would run 120 s):
+    # the launcher's log and the rank's log share one clock (seconds since the start).
+    logs = tmp_path / "run" / "logs"
+    gave_up = next(
+        float(line.split()[0])
+        for line in (logs / "gpu-node-2.rank3.log").read_text().splitlines()
+        if "giving up" in line
+    )
+    stopped = next(
+        float(line.split()[0])
+        for line in (logs / "launch.log").read_text().splitlines()
+        if "every rank on every node stopped" in line
+    )
+    assert stopped - gave_up < 10, (gave_up, stopped)
+
+
+def _wait_for(path: Path, text: str, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and text in path.read_text():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{text!r} never appeared in {path}")
+
+
+def test_ctrl_c_stops_every_rank_on_every_node(make_sandbox, tmp_path):
+    box = make_sandbox(nodes=2)
+    proc = _launch(box.cluster_file, tmp_path / "run", script="long.py")
+    _wait_for(tmp_path / "run" / "logs" / "gpu-node-2.rank1.log", "joined")
+    proc.send_signal(signal.SIGINT)
+    started = time.monotonic()
+    code, out = _finish(proc, timeout=60)
+    assert code == 130, out
+    assert "interrupted: stopping every rank on every node" in out
+    assert time.monotonic() - started < 10
+
+
+def test_a_killed_node_connection_stops_the_run(make_sandbox, tmp_path):
+    box = make_sandbox(nodes=3)
+    proc = _launch(box.cluster_file, tmp_path / "run", script="long.py")
+    _wait_for(tmp_path / "run" / "logs" / "gpu-node-3.rank2.log", "joined")
+    ssh = subprocess.run(
+        ["pgrep", "-P", str(proc.pid), "-f", "ssh .*gpu-node-3"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.split()
+    assert len(ssh) == 1, ssh
+    os.kill(int(ssh[0]), signal.SIGKILL)
+    code, out = _finish(proc, timeout=60)
+    assert code != 0, out
+    assert "gpu-node-3 failed" in out and "stopping every rank on every node" in out

@@ -1,0 +1,143 @@
+"""The node side of a launch, run here for real: the bootstrap (exit codes; nothing of the job
+outlives a closed stdin, not even a process in its own session) and the rank shim (join marks,
+--local_rank)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from trainfleet.launch import bootstrap, shim
+
+pytestmark = pytest.mark.unit
+
+SHIM = Path(shim.__file__)
+
+
+def _start(argv, run_id="t1") -> subprocess.Popen:
+    proc = subprocess.Popen(
+        [sys.executable, "-u", "-c", bootstrap.LOADER],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    job = {"run_id": run_id, "cwd": None, "env": {}, "argv": argv, "shim": "", "grace": 2}
+    proc.stdin.write(bootstrap.payload(job))
+    proc.stdin.flush()
+    return proc
+
+
+def _pids_with(word: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, ValueError):
+            continue
+        if word in cmdline:
+            found.append(int(entry))
+    return found
+
+
+def test_the_exit_code_of_the_command_is_the_bootstraps():
+    proc = _start(["sh", "-c", "echo out; echo err >&2; exit 7"])
+    out, err = proc.stdout.read(), proc.stderr.read()  # stdin stays open: the job is not stopped
+    assert proc.wait(timeout=30) == 7
+    proc.stdin.close()
+    assert out.decode() == "out\n" and "err\n" in err.decode()
+
+
+def test_closing_stdin_kills_every_process_of_the_job_even_in_another_session():
+    # A child that starts a grandchild in a session of its own (as torchrun does for ranks).
+    marker = f"{time.time_ns() % 10**6}.123"
+    child = (
+        f"import subprocess, time; subprocess.Popen(['setsid', 'sleep', '{marker}']); "
+        "time.sleep(300)"
+    )
+    proc = _start([sys.executable, "-c", child])
+    deadline = time.monotonic() + 20
+    while not _pids_with(f"sleep {marker}") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _pids_with(f"sleep {marker}"), "the grandchild never started"
+    started = time.monotonic()
+    proc.stdin.close()
+    proc.wait(timeout=15)
+    assert time.monotonic() - started < 5
+    assert proc.returncode == 143
+    assert _pids_with(f"sleep {marker}") == []
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run_shim(tmp_path, script_text, *args, mode="auto"):
+    script = tmp_path / "script.py"
+    script.write_text(script_text)
+    env = {
+        **os.environ,
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(_free_port()),
+        "TRAINFLEET_RUN_ID": "r9",
+        "TRAINFLEET_LOCAL_RANK_ARG": mode,
+    }
+    return subprocess.run(
+        [sys.executable, str(SHIM), str(script), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+
+
+PRINT_ARGS = "import sys, json\nprint(json.dumps(sys.argv[1:]))\n"
+LOCAL_RANK_SCRIPT = (
+    "import argparse, json\n"
+    "p = argparse.ArgumentParser()\n"
+    "p.add_argument('--local_rank', type=int, default=-1)\n"
+    "p.add_argument('--lr')\n"
+    "print(json.dumps(vars(p.parse_args())))\n"
+)
+
+
+def test_local_rank_is_passed_only_to_scripts_that_define_it(tmp_path):
+    plain = _run_shim(tmp_path, PRINT_ARGS, "--lr", "1")
+    assert json.loads(plain.stdout) == ["--lr", "1"]
+    wants = _run_shim(tmp_path, LOCAL_RANK_SCRIPT, "--lr", "1")
+    assert json.loads(wants.stdout) == {"local_rank": 0, "lr": "1"}
+    never = _run_shim(tmp_path, LOCAL_RANK_SCRIPT, "--lr", "1", mode="never")
+    assert json.loads(never.stdout)["local_rank"] == -1
+    always = _run_shim(tmp_path, PRINT_ARGS, mode="always")
+    assert json.loads(always.stdout) == ["--local_rank=0"]
+
+
+def test_the_shim_marks_start_and_the_real_gloo_init_and_keeps_the_scripts_exit_code(tmp_path):
+    script = (
+        "import sys, torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\n"
+        "print('world', dist.get_world_size())\n"
+        "dist.destroy_process_group()\n"
+        "sys.exit(5)\n"
+    )
+    done = _run_shim(tmp_path, script)
+    assert done.returncode == 5, done.stderr
+    assert done.stdout == "world 1\n"
+    marks = [line for line in done.stderr.splitlines() if line.startswith("@@trainfleet")]
+    assert marks == [
+        "@@trainfleet:r9:started:0",
+        "@@trainfleet:r9:entered:0",
+        "@@trainfleet:r9:joined:0",
+    ]

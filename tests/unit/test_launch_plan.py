@@ -1,0 +1,126 @@
+"""The launch plan: per-node argv and environment, compared to expected text (`--dry-run`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainfleet.cluster import load_cluster, parse_cluster_yaml
+from trainfleet.launch.plan import (
+    LaunchOptions,
+    NodeFacts,
+    choose_master_port,
+    plan_launch,
+    render_plan,
+)
+
+pytestmark = pytest.mark.unit
+
+CLUSTER = """\
+master: gpu-node-1
+env: {HF_HOME: /data/hf, HF_TOKEN: hf_abcdef}
+nodes:
+  - host: gpu-node-1
+    slots: 2
+    python: /opt/conda/envs/train/bin/python
+  - host: gpu-node-2
+    slots: 2
+    python: /opt/conda/envs/train/bin/python
+    env: {NCCL_IB_HCA: mlx5, WANDB_API_KEY: secret123}
+"""
+FACTS = {
+    "gpu-node-1": NodeFacts(interface="ens14f0", gpus=2),
+    "gpu-node-2": NodeFacts(interface="ens14f1", gpus=0),
+}
+LAUNCH_ENV = {
+    "PATH": "/opt/conda/envs/train/bin:/usr/bin",
+    "HOME": "/root",
+    "TORCH_HOME": "/data/torch",
+    "SSH_AUTH_SOCK": "/tmp/agent",
+}
+
+EXPECTED = """\
+backend ssh: 2 node(s), world size 4, master gpu-node-1 (10.0.0.11:29500)
+
+gpu-node-1: node_rank 0, ranks 0-1, cwd /work/project
+  argv: /opt/conda/envs/train/bin/python -u -m torch.distributed.run --nnodes=2 --node-rank=0 --nproc-per-node=2 --master-addr=10.0.0.11 --master-port=29500 --tee=3 '{SHIM}' train.py --lr 1e-4
+  env:
+    GLOO_SOCKET_IFNAME=ens14f0
+    HF_HOME=/data/hf
+    HF_TOKEN='***'
+    NCCL_SOCKET_IFNAME=ens14f0
+    PATH=/opt/conda/envs/train/bin:/usr/bin
+    TORCH_HOME=/data/torch
+    TRAINFLEET_LOCAL_RANK_ARG=auto
+    TRAINFLEET_RUN_ID=r1
+
+gpu-node-2: node_rank 1, ranks 2-3, cwd /work/project
+  argv: /opt/conda/envs/train/bin/python -u -m torch.distributed.run --nnodes=2 --node-rank=1 --nproc-per-node=2 --master-addr=10.0.0.11 --master-port=29500 --tee=3 '{SHIM}' train.py --lr 1e-4
+  env:
+    DS_ACCELERATOR=cpu
+    GLOO_SOCKET_IFNAME=ens14f1
+    HF_HOME=/data/hf
+    HF_TOKEN='***'
+    NCCL_IB_HCA=mlx5
+    NCCL_SOCKET_IFNAME=ens14f1
+    PATH=/opt/conda/envs/train/bin:/usr/bin
+    TORCH_HOME=/data/torch
+    TRAINFLEET_LOCAL_RANK_ARG=auto
+    TRAINFLEET_RUN_ID=r1
+    WANDB_API_KEY='***'
+
+{SHIM}: trainfleet's rank wrapper, written to a private temp dir on each node"""
+
+
+def _plan(cluster, facts=FACTS, **options):
+    return plan_launch(
+        cluster,
+        facts,
+        LaunchOptions(command=("train.py", "--lr", "1e-4"), run_id="r1", **options),
+        master_addr="10.0.0.11",
+        launch_env=LAUNCH_ENV,
+        launch_cwd="/work/project",
+    )
+
+
+def test_dry_run_text_per_node_interface_cpu_nodes_and_masked_secrets():
+    plan = _plan(parse_cluster_yaml(CLUSTER, "cluster.yaml"))
+    assert render_plan(plan) == EXPECTED
+    # The secrets still reach the nodes (over ssh stdin): masked only where shown.
+    assert plan.nodes[1].env["WANDB_API_KEY"] == "secret123"
+    assert plan.nodes[0].env["HF_TOKEN"] == "hf_abcdef"
+
+
+def test_a_pinned_interface_wins_and_an_include_with_gpu_ids_sets_visible_devices(tmp_path):
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("a slots=4\nb slots=4\n")
+    cluster = load_cluster(hostfile=str(hostfile), include="a:1,3@b")
+    plan = _plan(cluster, facts={"a": NodeFacts(interface="eth1", gpus=4)})
+    a, b = plan.nodes
+    assert (a.slots, a.env["CUDA_VISIBLE_DEVICES"]) == (2, "1,3")
+    assert "CUDA_VISIBLE_DEVICES" not in b.env
+    assert b.env["DS_ACCELERATOR"] == "cpu"  # nothing known about b's GPUs: treated as none
+    assert (b.first_rank, plan.world_size) == (2, 6)
+    assert "--nproc-per-node=2" in a.argv and "--nproc-per-node=4" in b.argv
+
+
+def test_module_mode_and_master_port_override():
+    cluster = parse_cluster_yaml(CLUSTER, "cluster.yaml")
+    plan = plan_launch(
+        cluster,
+        FACTS,
+        LaunchOptions(command=("-m", "pkg.train", "--x"), run_id="r1", master_port=29700),
+        master_addr="10.0.0.11",
+        launch_env={},
+        launch_cwd="/w",
+    )
+    assert plan.nodes[0].argv[-4:] == ["{SHIM}", "-m", "pkg.train", "--x"]
+    assert plan.master_port == 29700 and "--master-port=29700" in plan.nodes[1].argv
+
+
+def test_a_busy_master_port_moves_to_the_next_free_one_and_says_so():
+    assert choose_master_port(29500, (22, 8080)) == (29500, None)
+    port, note = choose_master_port(29500, (29500, 29501))
+    assert port == 29502 and "29500 is taken" in note and "using 29502" in note
+    facts = {**FACTS, "gpu-node-1": NodeFacts(interface="ens14f0", gpus=2, listening=(29500,))}
+    plan = _plan(parse_cluster_yaml(CLUSTER, "cluster.yaml"), facts=facts)
+    assert plan.master_port == 29501 and plan.notes

@@ -1,0 +1,69 @@
+"""The first real error across nodes, from the lines the ranks printed."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainfleet.launch.rootcause import ErrorTracker
+
+pytestmark = pytest.mark.unit
+
+TORCHRUN_SUMMARY = """\
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+shim.py FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-11-21_20:49:27
+  host      : gpu-node-2
+  rank      : 2 (local_rank: 0)
+  exitcode  : -15 (pid: 21939)  (SIGTERM)
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-21_20:49:27
+  host      : gpu-node-2
+  rank      : 3 (local_rank: 1)
+  exitcode  : 3 (pid: 21946)
+  error_file: <N/A>
+============================================================"""
+
+
+def _traceback(tracker, t, node, rank, last):
+    tracker.feed(t, node, rank, "Traceback (most recent call last):")
+    tracker.feed(t, node, rank, '  File "train.py", line 9, in <module>')
+    tracker.feed(t, node, rank, last)
+
+
+def test_a_later_real_error_wins_over_earlier_consequences():
+    tracker = ErrorTracker()
+    _traceback(tracker, 1.0, "n1", 0, "RuntimeError: [pair.cc:553] Connection closed by peer")
+    _traceback(tracker, 1.5, "n3", 4, "torch.distributed.DistNetworkError: timed out")
+    _traceback(tracker, 2.0, "n2", 3, "ValueError: labels and logits differ in shape")
+    root = tracker.root_cause("n1")
+    assert (root.node, root.rank, root.text) == (
+        "n2",
+        3,
+        "ValueError: labels and logits differ in shape",
+    )
+    assert not root.consequence
+
+
+def test_a_silent_exit_is_named_from_torchruns_summary_on_the_first_node_that_failed():
+    tracker = ErrorTracker()
+    _traceback(tracker, 1.0, "gpu-node-1", 1, "RuntimeError: Connection closed by peer [10.0.0.12]")
+    for line in TORCHRUN_SUMMARY.splitlines():
+        tracker.feed(1.2, "gpu-node-2", None, line)
+    root = tracker.root_cause("gpu-node-2")
+    assert (root.node, root.rank, root.exitcode) == ("gpu-node-2", 3, 3)
+    assert tracker.summaries == {"gpu-node-2": (3, 3)}
+
+
+def test_only_consequences_give_the_earliest_of_them():
+    tracker = ErrorTracker()
+    _traceback(tracker, 2.0, "n2", 1, "RuntimeError: Connection reset by peer")
+    _traceback(tracker, 1.0, "n1", 0, "torch.distributed.DistStoreError: Socket Timeout")
+    root = tracker.root_cause()
+    assert (root.node, root.consequence) == ("n1", True)
+    assert ErrorTracker().root_cause() is None
