@@ -1,5 +1,5 @@
 """`make demo`: a 3-node sandbox, `doctor` on it (clean, then with a firewall fault), `exec`,
-and teardown.
+`launch` of a real gloo all_reduce across the nodes, and teardown.
 
     python -m trainfleet.demo
 
@@ -14,6 +14,7 @@ import sys
 
 from trainfleet import sandbox
 from trainfleet.cli.main import main as trainfleet
+from trainfleet.examples import ALLREDUCE
 
 DEMO_NAME = "demo"
 IFNAMES = "ens14f0,ens14f1,ens14f2"
@@ -34,6 +35,9 @@ def run_demo() -> int:
         if _step(["doctor", "-c", cluster_file]) != 0:
             return 1
         if _step(["exec", "-c", cluster_file, "--", "hostname"]) != 0:
+            return 1
+        # Each node has its own interface name: launch gives each its own GLOO_SOCKET_IFNAME.
+        if _step(["launch", "-c", cluster_file, "--", str(ALLREDUCE)]) != 0:
             return 1
     finally:
         _step(down)

@@ -140,4 +140,5 @@ def test_the_shim_marks_start_and_the_real_gloo_init_and_keeps_the_scripts_exit_
         "@@trainfleet:r9:started:0",
         "@@trainfleet:r9:entered:0",
         "@@trainfleet:r9:joined:0",
+        "@@trainfleet:r9:exit=5:0",
     ]

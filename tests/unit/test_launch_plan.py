@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from trainfleet.cluster import load_cluster, parse_cluster_yaml
+from trainfleet.errors import TrainfleetError
 from trainfleet.launch.plan import (
     LaunchOptions,
     NodeFacts,
@@ -124,3 +125,49 @@ def test_a_busy_master_port_moves_to_the_next_free_one_and_says_so():
     facts = {**FACTS, "gpu-node-1": NodeFacts(interface="ens14f0", gpus=2, listening=(29500,))}
     plan = _plan(parse_cluster_yaml(CLUSTER, "cluster.yaml"), facts=facts)
     assert plan.master_port == 29501 and plan.notes
+
+
+def _ds_plan(cluster, tmp_path):
+    from trainfleet.launch.deepspeed import plan_deepspeed
+
+    return plan_deepspeed(
+        cluster,
+        FACTS,
+        LaunchOptions(command=("train.py", "--lr", "1e-4"), run_id="r1", backend="deepspeed"),
+        master_addr="10.0.0.11",
+        launch_env=LAUNCH_ENV,
+        launch_cwd="/work/project",
+        run_dir=tmp_path,
+        python="/usr/bin/python3",
+    )
+
+
+def test_deepspeed_plan_explicit_hosts_master_and_per_node_env_without_secrets_in_argv(
+    tmp_path,
+):
+    from trainfleet.launch.deepspeed import render_deepspeed
+
+    plan = _ds_plan(parse_cluster_yaml(CLUSTER, "cluster.yaml"), tmp_path)
+    assert plan.argv[:4] == ["/usr/bin/python3", "-u", "-m", "deepspeed.launcher.runner"]
+    assert "--include" in plan.argv
+    assert plan.argv[plan.argv.index("--include") + 1] == "gpu-node-1:0,1@gpu-node-2:0,1"
+    assert "--master_addr=10.0.0.11" in plan.argv and "--no_ssh_check" in plan.argv
+    assert plan.argv[-4:] == ["/tmp/trainfleet-r1/shim.py", "train.py", "--lr", "1e-4"]
+    assert plan.hostfile == "gpu-node-1 slots=2\ngpu-node-2 slots=2\n"
+    # Every node's own interface, through the shim's table; the secrets only there.
+    table = {e["host"]: e["env"] for e in plan.node_table}
+    assert table["gpu-node-2"]["GLOO_SOCKET_IFNAME"] == "ens14f1"
+    assert table["gpu-node-2"]["WANDB_API_KEY"] == "secret123"
+    shown = " ".join(plan.argv) + plan.ds_env + " ".join(plan.env.values())
+    assert "secret123" not in shown and "hf_abcdef" not in shown
+    text = render_deepspeed(plan)
+    assert "WANDB_API_KEY='***'" in text and "secret123" not in text
+    assert "TRAINFLEET_LOCAL_RANK_ARG=never" in plan.ds_env  # DeepSpeed passes it itself
+
+
+def test_deepspeed_backend_refuses_per_node_ssh_options(tmp_path):
+    cluster = parse_cluster_yaml(
+        "nodes:\n  - host: a\n    ssh: {port: 2222}\n  - host: b\n", "cluster.yaml"
+    )
+    with pytest.raises(TrainfleetError, match="pdsh"):
+        _ds_plan(cluster, tmp_path)

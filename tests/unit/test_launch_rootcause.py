@@ -67,3 +67,13 @@ def test_only_consequences_give_the_earliest_of_them():
     root = tracker.root_cause()
     assert (root.node, root.consequence) == ("n1", True)
     assert ErrorTracker().root_cause() is None
+
+
+def test_a_silent_exit_reported_by_the_shim_beats_the_consequences_of_other_ranks():
+    tracker = ErrorTracker()
+    _traceback(tracker, 2.0, "n1", 0, "RuntimeError: Connection closed by peer [10.0.0.12]")
+    tracker.note_exit(2.1, "n1", 0, 1)
+    tracker.note_exit(1.5, "n2", 3, 3)
+    root = tracker.root_cause("n1")
+    assert (root.node, root.rank, root.exitcode) == ("n2", 3, 3)
+    assert root.text == "rank 3 exited with code 3"

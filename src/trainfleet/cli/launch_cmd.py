@@ -34,6 +34,13 @@ the run is stopped and doctor's checks say why. Ctrl-C stops everything the same
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_cluster_arguments(parser)
     parser.add_argument(
+        "--backend",
+        choices=("ssh", "deepspeed"),
+        default="ssh",
+        help="ssh: torchrun on every node over ssh (default); deepspeed: DeepSpeed's own "
+        "runner (pdsh), each node still given its own environment",
+    )
+    parser.add_argument(
         "--dry-run",
         action="store_true",
         help="print each node's exact argv and environment (secrets masked); start nothing",
@@ -98,7 +105,7 @@ def render_outcome(result, plan) -> str:
     head = f"trainfleet: {result.state.value} after {result.seconds:.1f} s"
     lines = [head]
     if result.state is RunState.DONE:
-        lines[0] += f": all {plan.world_size} rank(s) on {len(plan.nodes)} node(s) finished"
+        lines[0] += f": all {plan.world_size} rank(s) on {len(plan.rank_ranges())} node(s) finished"
     root = result.root_cause
     if root and result.state is not RunState.DONE:
         where = f"{root.node} rank {root.rank}" if root.rank is not None else root.node
@@ -127,18 +134,21 @@ def render_outcome(result, plan) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from trainfleet.launch import LaunchOptions, PreflightFailed, launch, new_run_id, prepare
+    from trainfleet.launch.deepspeed import DeepSpeedPlan, render_deepspeed
     from trainfleet.launch.plan import render_plan
 
     options = LaunchOptions(
         command=_command(args),
+        backend=args.backend,
         master_port=args.master_port,
         local_rank_arg=args.local_rank_arg,
         run_id=new_run_id(),
         join_timeout=args.join_timeout,
     )
     cluster = cluster_from_args(args)
+    run_dir = Path(args.run_dir or f"trainfleet-runs/{options.run_id}")
     try:
-        plan, _ = prepare(cluster, options, preflight=args.preflight)
+        plan, _ = prepare(cluster, options, preflight=args.preflight, run_dir=run_dir)
     except PreflightFailed as exc:
         print(
             "trainfleet: the preflight doctor found errors; nothing was started:", file=sys.stderr
@@ -147,11 +157,10 @@ def run(args: argparse.Namespace) -> int:
         print("fix them, or pass --no-preflight to start anyway", file=sys.stderr)
         return 1
     if args.dry_run:
-        print(render_plan(plan))
+        print(render_deepspeed(plan) if isinstance(plan, DeepSpeedPlan) else render_plan(plan))
         return 0
     for note in plan.notes:
         print(f"trainfleet: {note}", file=sys.stderr)
-    run_dir = Path(args.run_dir or f"trainfleet-runs/{options.run_id}")
     result = launch(plan, cluster, run_dir=run_dir)
     if args.json:
         print(json.dumps(result.to_json(), indent=2))

@@ -14,8 +14,11 @@ the master's busy ports; its errors stop the launch) and makes the plan (`plan.p
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
+import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -24,8 +27,31 @@ from trainfleet.doctor import DoctorReport, run_doctor
 from trainfleet.doctor.checks.network import check_port_in_use
 from trainfleet.doctor.findings import Severity
 from trainfleet.errors import TrainfleetError
-from trainfleet.launch.plan import LaunchOptions, LaunchPlan, NodeFacts, plan_launch
-from trainfleet.launch.supervisor import LaunchResult, RunState, supervise
+from trainfleet.launch import shim
+from trainfleet.launch.deepspeed import (
+    DeepSpeedPlan,
+    node_files_argv,
+    node_files_job,
+    plan_deepspeed,
+    remove_job,
+)
+from trainfleet.launch.plan import (
+    Backend,
+    LaunchOptions,
+    LaunchPlan,
+    NodeFacts,
+    masked,
+    plan_launch,
+)
+from trainfleet.launch.supervisor import (
+    AnyPlan,
+    Channel,
+    LaunchResult,
+    RunState,
+    bootstrap_channels,
+    supervise,
+)
+from trainfleet.remote import run_on_nodes
 
 __all__ = ["LaunchOptions", "LaunchPlan", "LaunchResult", "RunState", "launch", "prepare"]
 
@@ -77,10 +103,10 @@ def blocking(report: DoctorReport) -> list:
 
 
 def prepare(
-    cluster: Cluster, options: LaunchOptions, *, preflight: bool = True
-) -> tuple[LaunchPlan, DoctorReport]:
-    """The quick doctor, then the plan. Raises PreflightFailed on its errors (with preflight),
-    or TrainfleetError when a node could not be examined at all."""
+    cluster: Cluster, options: LaunchOptions, *, preflight: bool = True, run_dir: Path
+) -> tuple[AnyPlan, DoctorReport]:
+    """The quick doctor, then the plan for options.backend. Raises PreflightFailed on its
+    errors (with preflight), or TrainfleetError when a node could not be examined at all."""
     report = run_doctor(cluster, quick=True)
     if preflight and blocking(report):
         raise PreflightFailed(report)
@@ -95,22 +121,100 @@ def prepare(
             f"the master {cluster.master} has no address this machine can resolve",
             "use its address in the cluster spec, or add it to /etc/hosts",
         )
-    plan = plan_launch(
-        cluster,
-        node_facts(report),
-        options,
-        master_addr=master_addr,
-        launch_env=dict(os.environ),
-        launch_cwd=os.getcwd(),
-    )
+    common = dict(master_addr=master_addr, launch_env=dict(os.environ), launch_cwd=os.getcwd())
+    if options.backend == Backend.DEEPSPEED:
+        if shutil.which("pdsh") is None:
+            raise TrainfleetError(
+                "DeepSpeed's runner needs pdsh on this machine", "apt-get install pdsh"
+            )
+        plan = plan_deepspeed(
+            cluster, node_facts(report), options, run_dir=run_dir, python=sys.executable, **common
+        )
+    else:
+        plan = plan_launch(cluster, node_facts(report), options, **common)
     return plan, report
 
 
-def launch(plan: LaunchPlan, cluster: Cluster, *, run_dir: Path, out=None) -> LaunchResult:
+def _env_record(plan: AnyPlan) -> str:
+    """Each node's environment, secrets masked: what the run dir keeps."""
+    if isinstance(plan, DeepSpeedPlan):
+        envs = {e["host"]: e["env"] for e in plan.node_table}
+    else:
+        envs = {n.host: n.env for n in plan.nodes}
+    return "".join(
+        f"{host}: {k}={v}\n" for host, env in envs.items() for k, v in sorted(masked(env).items())
+    )
+
+
+def launch(plan: AnyPlan, cluster: Cluster, *, run_dir: Path, out=None) -> LaunchResult:
     """Run the plan; a run whose ranks did not all join gets doctor's findings as diagnosis."""
+    run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    (run_dir / "env.txt").write_text(_env_record(plan))
+    about = {
+        "run_id": plan.options.run_id,
+        "backend": plan.options.backend,
+        "command": list(plan.options.command),
+        "master": f"{plan.master_addr}:{plan.master_port}",
+        "world_size": plan.world_size,
+        "ranks": {host: [r.start, r.stop - 1] for host, r in plan.rank_ranges().items()},
+    }
+    (run_dir / "run.json").write_text(json.dumps(about, indent=2) + "\n")
 
     def diagnose() -> list:
         report = run_doctor(cluster, quick=True)
         return [f for f in report.findings if f.severity >= Severity.WARNING]
 
-    return supervise(plan, cluster, run_dir=run_dir, out=out, diagnose=diagnose)
+    if not isinstance(plan, DeepSpeedPlan):
+        channels = bootstrap_channels(plan, cluster)
+        return supervise(plan, channels, run_dir=run_dir, out=out, diagnose=diagnose)
+
+    (run_dir / "hostfile").write_text(plan.hostfile)
+    (run_dir / "deepspeed_env").write_text(plan.ds_env)
+    python = {n.host: node_files_argv(n.python) for n in cluster.nodes}
+    shim_source = Path(shim.__file__).read_text()
+    pushed = run_on_nodes(
+        cluster.nodes, python, stdin=node_files_job(plan, shim_source), timeout=60
+    )
+    failed = [r for r in pushed if not r.ok]
+    if failed:
+        raise TrainfleetError(
+            f"could not write the run's files on {failed[0].node}: {failed[0].reason()}",
+            f"check that {plan.node_dir} can be created there",
+        )
+    runner = Channel(name="deepspeed", argv=plan.argv, pdsh=True, cwd=plan.cwd, env=plan.env)
+    try:
+        return supervise(plan, [runner], run_dir=run_dir, out=out, diagnose=diagnose)
+    finally:
+        # DeepSpeed's runner stops its ranks by name (pkill -f); trainfleet then ends whatever
+        # still carries this run's id in its environment, and removes the run's files.
+        stop = {
+            n.host: [n.python, "-c", KILL_BY_RUN_ID, plan.options.run_id] for n in cluster.nodes
+        }
+        run_on_nodes(cluster.nodes, stop, timeout=30)
+        run_on_nodes(cluster.nodes, python, stdin=remove_job(plan), timeout=30)
+
+
+KILL_BY_RUN_ID = """\
+import os, signal, sys, time
+tag = ("TRAINFLEET_RUN_ID=" + sys.argv[1]).encode() + b"\\0"
+def job():
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open("/proc/%s/environ" % pid, "rb") as f:
+                if tag in f.read() and int(pid) != os.getpid():
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
+for sig, wait in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 1.0)):
+    for pid in job():
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+    deadline = time.time() + wait
+    while job() and time.time() < deadline:
+        time.sleep(0.1)
+"""
+"""Ends every process on a node whose environment carries the run's id (python 3.8 syntax)."""

@@ -86,11 +86,8 @@ class LaunchPlan:
     notes: list[str] = field(default_factory=list)
     """What was filled in or changed (a busy master port moved), said to the user."""
 
-    def node_of_rank(self, rank: int) -> str | None:
-        for node in self.nodes:
-            if rank in node.ranks():
-                return node.host
-        return None
+    def rank_ranges(self) -> dict[str, range]:
+        return {node.host: node.ranks() for node in self.nodes}
 
 
 def is_secret(name: str) -> bool:

@@ -69,6 +69,8 @@ class ErrorTracker:
     errors: list[RankError] = field(default_factory=list)
     summaries: dict[str, tuple[int, int]] = field(default_factory=dict)
     """Per node: (rank, exitcode) of the root cause torchrun's agent reported there."""
+    exits: list[tuple[float, str, int, int]] = field(default_factory=list)
+    """(time, node, rank, exit code) as each rank's shim reported its end."""
     _in_traceback: set = field(default_factory=set)
     _in_summary: dict = field(default_factory=dict)
 
@@ -107,21 +109,42 @@ class ErrorTracker:
             del self._in_summary[node]
         return True
 
+    def note_exit(self, time: float, node: str, rank: int, code: int) -> None:
+        self.exits.append((time, node, rank, code))
+
+    def _exit_code(self, node: str, rank: int | None) -> int | None:
+        for _, _, who, code in self.exits:
+            if who == rank and rank is not None:
+                return code
+        summary = self.summaries.get(node)
+        return summary[1] if summary and summary[0] == rank else None
+
     def root_cause(self, first_failed_node: str | None = None) -> RankError | None:
-        """The earliest real error; else the rank torchrun's agent names on the first node
+        """The earliest real error; else the first rank that exited non-zero without a
+        consequence error of its own; else the rank torchrun's agent names on the first node
         that failed; else the earliest consequence."""
         real = [e for e in self.errors if not e.consequence]
         if real:
             pick = min(real, key=lambda e: e.time)
-            summary = self.summaries.get(pick.node)
-            exitcode = summary[1] if summary and summary[0] == pick.rank else None
             return RankError(
                 time=pick.time,
                 node=pick.node,
                 rank=pick.rank,
                 text=pick.text,
                 consequence=False,
-                exitcode=exitcode,
+                exitcode=self._exit_code(pick.node, pick.rank),
+            )
+        hit = {e.rank for e in self.errors if e.rank is not None}
+        silent = [x for x in self.exits if x[3] != 0 and x[2] not in hit]
+        if silent:
+            when, node, rank, code = min(silent)
+            return RankError(
+                time=when,
+                node=node,
+                rank=rank,
+                text=f"rank {rank} exited with code {code}",
+                consequence=False,
+                exitcode=code,
             )
         if first_failed_node in self.summaries:
             rank, exitcode = self.summaries[first_failed_node]

@@ -102,11 +102,17 @@ def node_env():
 
 
 def main(argv):
+    # DeepSpeed's launcher puts its --local_rank before the script (it thinks the shim is
+    # the script): it is handed on to the user's script, where DeepSpeed would have put it.
+    passed = []
+    while argv and argv[0].startswith(("--local_rank", "--local-rank")):
+        passed.append(argv.pop(0))
     if not argv:
         sys.exit("trainfleet shim: no script given")
     os.environ.update(node_env())
     is_module = argv[0] == "-m"
     target, args = (argv[1], argv[2:]) if is_module else (argv[0], argv[1:])
+    args = passed + args
     mode = os.environ.get("TRAINFLEET_LOCAL_RANK_ARG", "auto")
     has_arg = any(a.startswith(("--local_rank", "--local-rank")) for a in args)
     if not has_arg and (
@@ -115,14 +121,23 @@ def main(argv):
         args = args + ["--local_rank=%s" % os.environ.get("LOCAL_RANK", "0")]
     sys.meta_path.insert(0, _AfterImport())
     mark("started")
-    if is_module:
-        sys.argv = [target] + args
-        sys.path[0] = os.getcwd()
-        runpy.run_module(target, run_name="__main__", alter_sys=True)
-    else:
-        sys.argv = [target] + args
-        sys.path[0] = os.path.dirname(os.path.abspath(target))
-        runpy.run_path(target, run_name="__main__")
+    sys.argv = [target] + args
+    try:
+        if is_module:
+            sys.path[0] = os.getcwd()
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            sys.path[0] = os.path.dirname(os.path.abspath(target))
+            runpy.run_path(target, run_name="__main__")
+    except SystemExit as exc:
+        # The rank's own exit code, which launchers report imprecisely or not at all.
+        code = exc.code
+        mark("exit=%d" % (code if isinstance(code, int) else (0 if code is None else 1)))
+        raise
+    except BaseException:
+        mark("exit=1")  # what the interpreter exits with after an uncaught exception
+        raise
+    mark("exit=0")
 
 
 if __name__ == "__main__":

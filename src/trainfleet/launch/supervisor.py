@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import os
 import re
 import signal
 import sys
@@ -26,16 +27,58 @@ from typing import IO
 
 from trainfleet.cluster import Cluster
 from trainfleet.launch import bootstrap, shim
-from trainfleet.launch.plan import LaunchPlan, masked
+from trainfleet.launch.deepspeed import DeepSpeedPlan
+from trainfleet.launch.plan import LaunchPlan
 from trainfleet.launch.rootcause import ErrorTracker, RankError
 from trainfleet.remote import node_argv
 
+AnyPlan = LaunchPlan | DeepSpeedPlan
+
 _TORCHRUN_PREFIX = re.compile(r"^\[default(\d+)\]:(.*)$", re.DOTALL)
+_PDSH_PREFIX = re.compile(r"^([^\s:]+): (.*)$", re.DOTALL)
+_PDSH_EXIT = re.compile(r"^pdsh@\S+: ([^\s:]+): ssh exited with exit code (\d+)")
 _TORCH_RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")
 """torch prefixes the lines of a rank's uncaught exception with `[rankN]: `."""
 CUT_OFF_AFTER_S = 5
 """After a node's grace period: how long before its ssh is killed."""
 SSH_DROPPED = 255
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Channel:
+    """One local process of a run: an ssh to a node's bootstrap, or DeepSpeed's runner."""
+
+    name: str
+    """The node (ssh backend), or "deepspeed"."""
+    argv: list[str]
+    payload: bytes | None = None
+    """First bytes on stdin, which then stays open as the node's lifeline; None: no stdin,
+    and the process is stopped with SIGINT (DeepSpeed's runner then stops its nodes)."""
+    pdsh: bool = False
+    """Output lines carry pdsh's `node: ` prefix."""
+    cwd: str | None = None
+    env: dict[str, str] | None = None
+    """Set over this machine's environment (the runner's; bootstraps get theirs on stdin)."""
+
+
+def bootstrap_channels(plan: LaunchPlan, cluster: Cluster) -> list[Channel]:
+    """The ssh backend: one bootstrap per node; the job (environment and secrets included)
+    travels on stdin, never in an argv that `ps` shows, never in a file."""
+    shim_source = Path(shim.__file__).read_text()
+    channels = []
+    for node_plan in plan.nodes:
+        node = cluster.node(node_plan.host)
+        job = {
+            "run_id": plan.options.run_id,
+            "cwd": node_plan.cwd,
+            "env": node_plan.env,
+            "argv": node_plan.argv,
+            "shim": shim_source,
+            "grace": plan.options.grace,
+        }
+        argv = node_argv(node, [node.python, "-u", "-c", bootstrap.LOADER], multiplex=False)
+        channels.append(Channel(name=node.host, argv=argv, payload=bootstrap.payload(job)))
+    return channels
 
 
 class RunState(enum.Enum):
@@ -110,7 +153,7 @@ class _Joins:
 class _Output:
     """Prefixes, prints and logs every line; feeds the error tracker and the join watchdog."""
 
-    def __init__(self, plan: LaunchPlan, run_dir: Path, out: IO[str], started: float) -> None:
+    def __init__(self, plan: AnyPlan, run_dir: Path, out: IO[str], started: float) -> None:
         self.plan = plan
         self.out = out
         self.started = started
@@ -119,9 +162,11 @@ class _Output:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.tracker = ErrorTracker()
         self.joins = _Joins(plan.world_size)
-        self.first_rank = {n.host: n.first_rank for n in plan.nodes}
+        self.ranges = plan.rank_ranges()
+        self.node_exits: list[tuple[str, int]] = []
+        """(node, exit code) as pdsh reports each node's end (deepspeed backend)."""
         self.mark = f"{shim.MARK}:{plan.options.run_id}:"
-        self.width = max(len(n.host) for n in plan.nodes) + len(str(plan.world_size)) + 3
+        self.width = max(len(h) for h in self.ranges) + len(str(plan.world_size)) + 3
         self.quiet = False
         """Once the launcher stops the run: lines go to the logs only (torchrun's shutdown
         tracebacks would bury the cause)."""
@@ -131,17 +176,26 @@ class _Output:
             self.logs[name] = open(self.log_dir / f"{name}.log", "a", encoding="utf-8")
         return self.logs[name]
 
-    def line(self, node: str, stream: str, text: str) -> None:
+    def line(self, channel: Channel, stream: str, text: str) -> None:
         now = time.monotonic()
-        rank = None
+        node, rank = channel.name, None
+        if channel.pdsh:  # `gpu-node-2: text`; `pdsh@launch: gpu-node-2: ssh exited with ...`
+            exited = _PDSH_EXIT.match(text)
+            if exited and exited.group(1) in self.ranges:
+                self.node_exits.append((exited.group(1), int(exited.group(2))))
+            prefixed = _PDSH_PREFIX.match(text)
+            if prefixed and prefixed.group(1) in self.ranges:
+                node, text = prefixed.group(1), prefixed.group(2)
         match = _TORCHRUN_PREFIX.match(text)
-        if match:
-            rank = self.first_rank[node] + int(match.group(1))
+        if match and node in self.ranges:
+            rank = self.ranges[node].start + int(match.group(1))
             text = match.group(2)
         if text.startswith(self.mark):
             event, _, who = text[len(self.mark) :].partition(":")
             if who.isdigit():
                 self.joins.mark(event, int(who), now)
+                if event.startswith("exit="):
+                    self.tracker.note_exit(now, node, int(who), int(event[5:]))
             return
         self.tracker.feed(now, node, rank, _TORCH_RANK_PREFIX.sub("", text, count=1))
         if not self.quiet:
@@ -162,7 +216,7 @@ class _Output:
             log.close()
 
 
-async def _pump(stream: asyncio.StreamReader, node: str, name: str, output: _Output) -> None:
+async def _pump(stream: asyncio.StreamReader, node: Channel, name: str, output: _Output) -> None:
     pending = b""
     while chunk := await stream.read(1 << 16):
         pending += chunk
@@ -174,54 +228,53 @@ async def _pump(stream: asyncio.StreamReader, node: str, name: str, output: _Out
 
 
 class _Run:
-    def __init__(self, plan: LaunchPlan, cluster: Cluster, run_dir: Path, out: IO[str]) -> None:
+    def __init__(self, plan: AnyPlan, run_dir: Path, out: IO[str]) -> None:
         self.plan = plan
-        self.cluster = cluster
         self.run_dir = run_dir
         self.started = time.monotonic()
         self.output = _Output(plan, run_dir, out, self.started)
         self.procs: dict[str, asyncio.subprocess.Process] = {}
+        self.channels: dict[str, Channel] = {}
         self.pumps: list[asyncio.Task] = []
-        self.codes: dict[str, int | None] = {n.host: None for n in plan.nodes}
+        self.codes: dict[str, int | None] = {}
         self.state = RunState.STARTING
         self.first_failure: str | None = None
+        self.failure_code: int | None = None
         self.interrupted = asyncio.Event()
         self.not_joined: set[int] = set()
 
-    async def start(self) -> None:
-        shim_source = Path(shim.__file__).read_text()
-        for node_plan in self.plan.nodes:
-            node = self.cluster.node(node_plan.host)
-            job = {
-                "run_id": self.plan.options.run_id,
-                "cwd": node_plan.cwd,
-                "env": node_plan.env,
-                "argv": node_plan.argv,
-                "shim": shim_source,
-                "grace": self.plan.options.grace,
-            }
-            # The environment (secrets included) travels on stdin: never in an argv that `ps`
-            # shows, never in a file.
-            argv = node_argv(node, [node.python, "-u", "-c", bootstrap.LOADER], multiplex=False)
+    async def start(self, channels: list[Channel]) -> None:
+        for channel in channels:
             proc = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.PIPE,
+                *channel.argv,
+                stdin=asyncio.subprocess.PIPE if channel.payload else asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 start_new_session=True,  # Ctrl-C reaches trainfleet, which stops nodes in order
+                cwd=channel.cwd,
+                env={**os.environ, **channel.env} if channel.env else None,
             )
-            proc.stdin.write(bootstrap.payload(job))
-            await proc.stdin.drain()
-            self.procs[node_plan.host] = proc
+            if channel.payload:
+                proc.stdin.write(channel.payload)
+                await proc.stdin.drain()
+            self.procs[channel.name] = proc
+            self.channels[channel.name] = channel
+            self.codes[channel.name] = None
             self.pumps += [
-                asyncio.ensure_future(_pump(proc.stdout, node_plan.host, "stdout", self.output)),
-                asyncio.ensure_future(_pump(proc.stderr, node_plan.host, "stderr", self.output)),
+                asyncio.ensure_future(_pump(proc.stdout, channel, "stdout", self.output)),
+                asyncio.ensure_future(_pump(proc.stderr, channel, "stderr", self.output)),
             ]
         self.state = RunState.RUNNING
 
+    def _failed(self, where: str, code: int) -> None:
+        self.state = RunState.FAILED
+        self.first_failure, self.failure_code = where, code
+        why = "its connection dropped" if code == SSH_DROPPED else f"exit code {code}"
+        self.output.note(f"{where} failed ({why}): stopping every rank on every node")
+
     async def watch(self) -> None:
         """Until every node is done, one fails, the watchdog fires or the user interrupts."""
-        waits = {asyncio.ensure_future(proc.wait()): host for host, proc in self.procs.items()}
+        waits = {asyncio.ensure_future(proc.wait()): name for name, proc in self.procs.items()}
         interrupted = asyncio.ensure_future(self.interrupted.wait())
         while waits:
             done, _ = await asyncio.wait(
@@ -231,20 +284,16 @@ class _Run:
                 self.state = RunState.INTERRUPTED
                 self.output.note("interrupted: stopping every rank on every node")
                 break
-            failed = False
             for task in [t for t in done if t in waits]:
-                host = waits.pop(task)
-                self.codes[host] = task.result()
-                if task.result() != 0 and not failed:
-                    failed = True
-                    self.first_failure = host
-            if failed:
-                self.state = RunState.FAILED
-                code = self.codes[self.first_failure]
-                why = "its connection dropped" if code == SSH_DROPPED else f"exit code {code}"
-                self.output.note(
-                    f"{self.first_failure} failed ({why}): stopping every rank on every node"
-                )
+                name = waits.pop(task)
+                self.codes[name] = task.result()
+                if task.result() != 0 and self.state is RunState.RUNNING:
+                    self._failed(name, task.result())
+            # pdsh (deepspeed backend) says when one node's command has ended, and how.
+            node_failure = next(((n, c) for n, c in self.output.node_exits if c != 0), None)
+            if node_failure and self.state is RunState.RUNNING:
+                self._failed(*node_failure)
+            if self.state is RunState.FAILED:
                 break
             not_joined = self.output.joins.stalled(
                 self.started, time.monotonic(), self.plan.options.join_timeout
@@ -265,36 +314,41 @@ class _Run:
             self.output.quiet = True
 
     async def stop(self) -> None:
-        """Close every bootstrap's stdin (it stops its node's job); kill ssh past the grace."""
+        """Close every bootstrap's stdin (it stops its node's job), SIGINT DeepSpeed's runner
+        (it stops its nodes); past the grace period, kill what is left here."""
         stop_started = time.monotonic()
-        running = {h: p for h, p in self.procs.items() if p.returncode is None}
-        for proc in running.values():
+        running = {n: p for n, p in self.procs.items() if p.returncode is None}
+        for name, proc in running.items():
             try:
-                proc.stdin.close()
-            except (BrokenPipeError, ConnectionResetError, RuntimeError):
+                if self.channels[name].payload:
+                    proc.stdin.close()
+                else:
+                    proc.send_signal(signal.SIGINT)
+            except (BrokenPipeError, ConnectionResetError, RuntimeError, ProcessLookupError):
                 pass
         if running:
             limit = self.plan.options.grace + CUT_OFF_AFTER_S
-            _, late = await asyncio.wait(
+            await asyncio.wait(
                 [asyncio.ensure_future(p.wait()) for p in running.values()], timeout=limit
             )
-            for host, proc in running.items():
+            for name, proc in running.items():
                 if proc.returncode is None:
-                    self.output.note(f"{host} did not stop within {limit:.0f} s: cutting it off")
+                    self.output.note(f"{name} did not stop within {limit:.0f} s: cutting it off")
                     try:
-                        proc.kill()
-                    except ProcessLookupError:
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    except (ProcessLookupError, PermissionError):
                         pass
                     await proc.wait()
-        for host, proc in self.procs.items():
-            if self.codes[host] is None:
-                self.codes[host] = proc.returncode
+        for name, proc in self.procs.items():
+            if self.codes.get(name) is None:
+                self.codes[name] = proc.returncode
         if running and self.state is not RunState.DONE:
             self.output.note(
                 f"every rank on every node stopped, {time.monotonic() - stop_started:.1f} s "
                 "after the stop began"
             )
-        await asyncio.wait(self.pumps, timeout=2)
+        if self.pumps:
+            await asyncio.wait(self.pumps, timeout=2)
 
     def result(self) -> LaunchResult:
         root = None
@@ -306,21 +360,25 @@ class _Run:
             root = root if root and not root.consequence else None
         exit_code = 0
         if self.state is RunState.FAILED:
-            code = self.codes[self.first_failure] or 1
+            code = self.failure_code or 1
             exit_code = root.exitcode if root and root.exitcode and root.exitcode > 0 else code
         elif self.state is RunState.INTERRUPTED:
             exit_code = 130
         elif self.state is RunState.STALLED:
             exit_code = 1
+        ranges = self.plan.rank_ranges()
         by_node: dict[str, list[int]] = {}
         for rank in sorted(self.not_joined):
-            by_node.setdefault(self.plan.node_of_rank(rank) or "?", []).append(rank)
+            node = next((h for h, r in ranges.items() if rank in r), "?")
+            by_node.setdefault(node, []).append(rank)
+        codes = dict(self.codes)
+        codes.update(self.output.node_exits)
         return LaunchResult(
             state=self.state,
             exit_code=exit_code,
             run_dir=self.run_dir,
             seconds=time.monotonic() - self.started,
-            node_codes=dict(self.codes),
+            node_codes=codes,
             root_cause=root,
             first_failure=self.first_failure,
             not_joined=by_node,
@@ -328,19 +386,19 @@ class _Run:
 
 
 async def _supervise(
-    plan: LaunchPlan,
-    cluster: Cluster,
+    plan: AnyPlan,
+    channels: list[Channel],
     run_dir: Path,
     out: IO[str],
     diagnose: Callable[[], list] | None,
 ) -> LaunchResult:
-    run = _Run(plan, cluster, run_dir, out)
+    run = _Run(plan, run_dir, out)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, run.interrupted.set)
     diagnosis = None
     try:
-        await run.start()
+        await run.start(channels)
         await run.watch()
         if run.state is RunState.STALLED and diagnose is not None:
             run.output.note("asking doctor why, while the ranks stop")
@@ -358,22 +416,15 @@ async def _supervise(
 
 
 def supervise(
-    plan: LaunchPlan,
-    cluster: Cluster,
+    plan: AnyPlan,
+    channels: list[Channel],
     *,
     run_dir: Path,
     out: IO[str] | None = None,
     diagnose: Callable[[], list] | None = None,
 ) -> LaunchResult:
-    """Run `plan` to its end; each node's environment (secrets masked) is kept in
-    `run_dir/env.txt`, each rank's output in `run_dir/logs/NODE.rankN.log`. `diagnose` runs
-    (in a thread, while the ranks stop) when not every rank joined; its findings go into the
-    result."""
+    """Run `channels` to their end: each rank's output goes to `run_dir/logs/NODE.rankN.log`
+    (NODE.log for lines of no rank). `diagnose` runs (in a thread, while the ranks stop) when
+    not every rank joined; its findings go into the result."""
     run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    (run_dir / "env.txt").write_text(
-        "\n".join(
-            f"{n.host}: {k}={v}" for n in plan.nodes for k, v in sorted(masked(n.env).items())
-        )
-        + "\n"
-    )
-    return asyncio.run(_supervise(plan, cluster, run_dir, out or sys.stdout, diagnose))
+    return asyncio.run(_supervise(plan, channels, run_dir, out or sys.stdout, diagnose))

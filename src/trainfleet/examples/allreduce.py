@@ -1,4 +1,8 @@
-"""Every rank adds rank+1 with a real gloo all_reduce and prints the sum and its interface."""
+"""Every rank adds rank+1 with a real gloo all_reduce and prints the sum and its interface:
+the smallest multi-node job (`make demo`, the launch tests and bench/launch_compare.py run it).
+
+    python -c "import trainfleet.examples as e; print(e.ALLREDUCE)"  # where it is
+"""
 
 import os
 

@@ -1,0 +1,221 @@
+"""The `deepspeed` backend: DeepSpeed's own runner (pdsh) starts the ranks, and each node still
+gets its own environment. Plan pure, like the ssh backend's.
+
+    >>> plan = plan_deepspeed(cluster, facts, options, master_addr="10.0.0.11", python="python3",
+    ...     launch_env={}, launch_cwd="/w", run_dir=Path("r"))  # doctest: +SKIP
+
+What DeepSpeed's runner does by itself: the same exports on every node (only NCCL*, PYTHON*,
+UCX*, MLFLOW* and .deepspeed_env), `cd` to the launch directory, `python -m
+deepspeed.launcher.launch` with the launch node's python path. What trainfleet adds:
+
+- a hostfile and an explicit `--include` (every node and slot of the cluster spec);
+- `--master_addr` (the runner's own guess is the first address of `hostname -I` on the first
+  node, a docker0 as readily as the data network);
+- its ssh options for pdsh (PDSH_SSH_ARGS_APPEND), and --no_ssh_check (the runner's own check
+  ignores them; trainfleet's preflight has checked ssh to every node);
+- the rank shim as the script: on each node it sets that node's own environment (interface,
+  DS_ACCELERATOR, cluster.yaml env, secrets) from a table written beforehand, over ssh, to a
+  private directory on every node (0700/0600), and removed after the run. Secrets never appear
+  in the pdsh command line, which every node's `ps` shows.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainfleet.cluster import Cluster
+from trainfleet.errors import TrainfleetError
+from trainfleet.launch.plan import (
+    LaunchOptions,
+    NodeFacts,
+    choose_master_port,
+    masked,
+    node_env,
+)
+from trainfleet.remote import ssh_base_argv
+
+
+@dataclass(kw_only=True, slots=True)
+class DeepSpeedPlan:
+    options: LaunchOptions
+    master: str
+    master_addr: str
+    master_port: int
+    world_size: int
+    hostfile: str
+    """Text of the hostfile the runner reads."""
+    node_table: list[dict]
+    """Per node: host, first_rank, slots, env (secrets included: written 0600 on the nodes)."""
+    node_dir: str
+    """Where the shim and the table go on every node."""
+    ds_env: str
+    """Text of the DS_ENV_FILE (.deepspeed_env): trainfleet's own variables, no secrets."""
+    argv: list[str]
+    """The runner, run on this machine."""
+    env: dict[str, str]
+    """Set over this machine's environment for the runner."""
+    cwd: str
+    notes: list[str]
+
+    def rank_ranges(self) -> dict[str, range]:
+        return {
+            e["host"]: range(e["first_rank"], e["first_rank"] + e["slots"]) for e in self.node_table
+        }
+
+
+def _pdsh_ssh_args(cluster: Cluster) -> str:
+    """One set of ssh options for every node (pdsh takes one), without the host."""
+    per_node = {tuple(ssh_base_argv("HOST", n.ssh, multiplex=False)[1:-2]) for n in cluster.nodes}
+    if len(per_node) > 1:
+        raise TrainfleetError(
+            "the nodes have different ssh options, and pdsh (DeepSpeed's runner) takes one set",
+            "use the ssh backend (the default), or move the options to ~/.ssh/config",
+        )
+    args = list(per_node.pop())
+    if any(" " in a for a in args):
+        raise TrainfleetError(
+            "an ssh option holds a space, which pdsh's PDSH_SSH_ARGS_APPEND cannot carry",
+            "use paths without spaces, or the ssh backend",
+        )
+    return " ".join(args)
+
+
+def plan_deepspeed(
+    cluster: Cluster,
+    facts: Mapping[str, NodeFacts],
+    options: LaunchOptions,
+    *,
+    master_addr: str,
+    launch_env: Mapping[str, str],
+    launch_cwd: str,
+    run_dir: Path,
+    python: str,
+) -> DeepSpeedPlan:
+    """The runner's argv and environment, the hostfile, and each node's environment table."""
+    if cluster.workdir and cluster.workdir != launch_cwd:
+        raise TrainfleetError(
+            f"DeepSpeed's runner runs the job in the launch directory ({launch_cwd}), not in "
+            f"cluster.yaml's workdir ({cluster.workdir})",
+            f"cd {cluster.workdir} first, or use the ssh backend",
+        )
+    master_facts = facts.get(cluster.master, NodeFacts())
+    port, note = choose_master_port(
+        options.master_port or cluster.master_port, master_facts.listening
+    )
+    table, first_rank, include = [], 0, []
+    for node in cluster.nodes:
+        env = node_env(cluster, node.host, facts.get(node.host, NodeFacts()), launch_env)
+        env.pop("CUDA_VISIBLE_DEVICES", None)  # DeepSpeed's launch sets it from --include
+        table.append({"host": node.host, "first_rank": first_rank, "slots": node.slots, "env": env})
+        include.append(f"{node.host}:{','.join(str(i) for i in node.gpu_ids)}")
+        first_rank += node.slots
+    node_dir = f"/tmp/trainfleet-{options.run_id}"
+    no_gpus = all(facts.get(n.host, NodeFacts()).gpus == 0 for n in cluster.nodes)
+    ds_env = {
+        "TRAINFLEET_RUN_ID": options.run_id,
+        "TRAINFLEET_NODE_ENV": f"{node_dir}/node_env.json",
+        # DeepSpeed's launcher passes --local_rank itself; the shim passes it on.
+        "TRAINFLEET_LOCAL_RANK_ARG": "never",
+        **({"DS_ACCELERATOR": "cpu"} if no_gpus else {}),
+    }
+    runner_env = {
+        "DS_ENV_FILE": str((run_dir / "deepspeed_env").resolve()),
+        "PDSH_RCMD_TYPE": "ssh",
+        "PDSH_SSH_ARGS_APPEND": _pdsh_ssh_args(cluster),
+        **({"DS_ACCELERATOR": "cpu"} if no_gpus else {}),
+    }
+    argv = [
+        python,
+        "-u",
+        "-m",
+        "deepspeed.launcher.runner",
+        "--hostfile",
+        str((run_dir / "hostfile").resolve()),
+        "--include",
+        "@".join(include),
+        f"--master_addr={master_addr}",
+        f"--master_port={port}",
+        "--no_ssh_check",
+        f"{node_dir}/shim.py",
+        *options.command,
+    ]
+    hostfile = "".join(f"{n.host} slots={max(n.gpu_ids) + 1}\n" for n in cluster.nodes)
+    return DeepSpeedPlan(
+        options=options,
+        master=cluster.master,
+        master_addr=master_addr,
+        master_port=port,
+        world_size=first_rank,
+        hostfile=hostfile,
+        node_table=table,
+        node_dir=node_dir,
+        ds_env="".join(f"{k}={v}\n" for k, v in ds_env.items()),
+        argv=argv,
+        env=runner_env,
+        cwd=launch_cwd,
+        notes=[note] if note else [],
+    )
+
+
+def render_deepspeed(plan: DeepSpeedPlan) -> str:
+    lines = [
+        f"backend deepspeed: {len(plan.node_table)} node(s), world size {plan.world_size}, "
+        f"master {plan.master} ({plan.master_addr}:{plan.master_port})",
+        *plan.notes,
+        "",
+        f"on this machine, in {plan.cwd}:",
+        f"  argv: {shlex.join(plan.argv)}",
+        "  env:",
+        *(f"    {k}={shlex.quote(v)}" for k, v in sorted(plan.env.items())),
+        "  hostfile:",
+        *(f"    {line}" for line in plan.hostfile.splitlines()),
+        "  DS_ENV_FILE (exported on every node by the runner):",
+        *(f"    {line}" for line in plan.ds_env.splitlines()),
+    ]
+    for entry in plan.node_table:
+        last = entry["first_rank"] + entry["slots"] - 1
+        lines += [
+            "",
+            f"{entry['host']}: ranks {entry['first_rank']}-{last}; set by the shim "
+            f"({plan.node_dir}/node_env.json, 0600):",
+        ]
+        lines += [f"    {k}={shlex.quote(v)}" for k, v in sorted(masked(entry["env"]).items())]
+    return "\n".join(lines)
+
+
+# Writes the shim and the node table into a private directory; removes it with `--remove`.
+# Python 3.8 syntax: it runs on each node's own python.
+_NODE_FILES = """\
+import json, os, shutil, sys
+job = json.load(sys.stdin)
+if job.get("remove"):
+    shutil.rmtree(job["dir"], ignore_errors=True)
+    sys.exit(0)
+os.makedirs(job["dir"], mode=0o700, exist_ok=True)
+os.chmod(job["dir"], 0o700)
+for name, text in job["files"].items():
+    fd = os.open(os.path.join(job["dir"], name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+"""
+
+
+def node_files_job(plan: DeepSpeedPlan, shim_source: str) -> bytes:
+    return json.dumps(
+        {
+            "dir": plan.node_dir,
+            "files": {"shim.py": shim_source, "node_env.json": json.dumps(plan.node_table)},
+        }
+    ).encode()
+
+
+def node_files_argv(python: str) -> list[str]:
+    return [python, "-c", _NODE_FILES]
+
+
+def remove_job(plan: DeepSpeedPlan) -> bytes:
+    return json.dumps({"dir": plan.node_dir, "remove": True}).encode()
