@@ -8,16 +8,19 @@ SYSPKGS   := openssh-server openssh-client iproute2 iptables pdsh procps
 # The CPU build of torch comes from a local file here; installing it first keeps pip from
 # pulling gigabytes of CUDA wheels for anything that depends on torch.
 TORCH_PIN ?= torch==2.13.0
+DEEPSPEED_PIN ?= deepspeed==0.19.8
 
 .PHONY: all venv system demo test test-unit test-cluster lint format bench clean
 
 all: test
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH_PIN)"
 	$(BIN)/pip install -q -e ".[dev]"
+	# The launch tests run DeepSpeed's real runner (the version verified here, see DESIGN.md).
+	$(BIN)/pip install -q "$(DEEPSPEED_PIN)"
 	touch $@
 
 venv: $(STAMP)

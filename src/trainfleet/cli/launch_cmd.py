@@ -161,7 +161,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     for note in plan.notes:
         print(f"trainfleet: {note}", file=sys.stderr)
-    result = launch(plan, cluster, run_dir=run_dir)
+    # With --json, stdout holds only the JSON outcome: the ranks' lines go to stderr.
+    result = launch(plan, cluster, run_dir=run_dir, out=sys.stderr if args.json else sys.stdout)
     if args.json:
         print(json.dumps(result.to_json(), indent=2))
     else:

@@ -1,14 +1,16 @@
-"""Executes a LaunchPlan: one bootstrap per node, output merged with `[node:rank]` prefixes and
-written per rank, fail-fast, the join watchdog, and cleanup on every path.
+"""Runs a launch's channels (one ssh to each node's bootstrap, or DeepSpeed's runner): output
+merged with `[node:rank]` prefixes and written per rank, fail-fast, the join watchdog, and the
+same stop on every path.
 
-    >>> result = supervise(plan, cluster, run_dir=Path("runs/x"))  # doctest: +SKIP
+    >>> channels = bootstrap_channels(plan, cluster)  # doctest: +SKIP
+    >>> result = supervise(plan, channels, run_dir=Path("runs/x"))  # doctest: +SKIP
     >>> result.exit_code  # doctest: +SKIP
 
 Lifecycle of a run (RunState): STARTING -> RUNNING -> (DONE | FAILED | STALLED | INTERRUPTED).
 Every exit from RUNNING other than DONE stops every node the same way: the launcher closes the
 stdin of each node's bootstrap, which SIGTERMs and then SIGKILLs every process of the job on
-that node (tracked by pid, never by name); a node that does not end within the grace period is
-cut off by killing its ssh.
+that node (tracked by pid, never by name), or sends DeepSpeed's runner SIGINT; a channel that
+has not ended after the grace period is cut off here.
 """
 
 from __future__ import annotations
