@@ -18,6 +18,12 @@ _MUST_MATCH = ("python", "torch", "nccl", "deepspeed")
 _SHOULD_MATCH = ("transformers", "accelerate")
 _TOOLS = ("torchrun", "deepspeed", "ninja", "nvcc")
 
+NON_INTERACTIVE_FIX = (
+    "activate the environment for non-interactive ssh too (before the early `return` in "
+    "~/.bashrc), or set PATH in cluster.yaml `env:` (`trainfleet launch` also passes this "
+    "machine's PATH to every node)"
+)
+
 
 def check_paths(survey: Survey) -> list[Finding]:
     findings = []
@@ -169,8 +175,7 @@ def check_tools(survey: Survey) -> list[Finding]:
                         f"`{tool}` is on the PATH of {where} but not on the non-interactive "
                         f"PATH of {fold_names(lacking)} (ssh runs no login shell)"
                     ],
-                    fix="activate the environment for non-interactive ssh too (before the "
-                    "early `return` in ~/.bashrc), or set PATH in cluster.yaml `env:`",
+                    fix=NON_INTERACTIVE_FIX,
                 )
             )
     return findings
@@ -256,8 +261,7 @@ def _path_differences(survey: Survey) -> list[Finding]:
                         f"{host}'s non-interactive PATH lacks {', '.join(missing)} "
                         f"(PATH there: {':'.join(dirs)})"
                     ],
-                    fix="activate the environment for non-interactive ssh too (before the "
-                    "early `return` in ~/.bashrc), or set PATH in cluster.yaml `env:`",
+                    fix=NON_INTERACTIVE_FIX,
                 )
             )
     return findings
