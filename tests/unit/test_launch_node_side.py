@@ -142,3 +142,31 @@ def test_the_shim_marks_start_and_the_real_gloo_init_and_keeps_the_scripts_exit_
         "@@trainfleet:r9:joined:0",
         "@@trainfleet:r9:exit=5:0",
     ]
+
+
+def test_prefixed_output_tags_every_line_of_the_rank_and_its_children(tmp_path):
+    script = (
+        "import subprocess, sys\n"
+        "print('out line')\n"
+        "print('err line', file=sys.stderr)\n"
+        "subprocess.run(['echo', 'child line'])\n"
+        "sys.stdout.write('no newline')\n"
+        "raise SystemExit(4)\n"
+    )
+    (tmp_path / "s.py").write_text(script)
+    env = {**os.environ, "TRAINFLEET_PREFIX_OUTPUT": "1", "LOCAL_RANK": "3", "RANK": "7"}
+    done = subprocess.run(
+        [sys.executable, "-u", str(SHIM), str(tmp_path / "s.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 4
+    assert done.stdout.splitlines() == [
+        "[default3]:out line",
+        "[default3]:child line",
+        "[default3]:no newline",
+    ]
+    assert "[default3]:err line" in done.stderr.splitlines()
+    assert all(line.startswith("[default3]:") for line in done.stderr.splitlines())

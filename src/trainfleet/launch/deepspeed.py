@@ -120,6 +120,9 @@ def plan_deepspeed(
         "TRAINFLEET_NODE_ENV": f"{node_dir}/node_env.json",
         # DeepSpeed's launcher passes --local_rank itself; the shim passes it on.
         "TRAINFLEET_LOCAL_RANK_ARG": "never",
+        # DeepSpeed's launcher gives a node's ranks one stdout: the shim prefixes each line
+        # with its local rank, as torchrun does, so that lines can be told apart.
+        "TRAINFLEET_PREFIX_OUTPUT": "1",
         **({"DS_ACCELERATOR": "cpu"} if no_gpus else {}),
     }
     runner_env = {

@@ -10,9 +10,12 @@ then runs the script as `__main__`: its exceptions, exit codes and output are it
 
 Environment it reads: TRAINFLEET_RUN_ID (marks lines as this run's), TRAINFLEET_LOCAL_RANK_ARG
 (auto | always | never), TRAINFLEET_NODE_ENV (optional JSON file: per node rank, variables to
-set before the script runs; how the deepspeed backend gives each node its own environment).
+set before the script runs; how the deepspeed backend gives each node its own environment),
+TRAINFLEET_PREFIX_OUTPUT=1 (prefix every output line with `[defaultN]:`, N the local rank, as
+torchrun's --tee does; for DeepSpeed's launcher, which gives a node's ranks one stdout).
 """
 
+import atexit
 import functools
 import importlib.abc
 import importlib.util
@@ -20,6 +23,7 @@ import json
 import os
 import runpy
 import sys
+import threading
 
 MARK = "@@trainfleet"
 
@@ -101,6 +105,49 @@ def node_env():
     return {}
 
 
+def _copy_lines(read_fd, write_fd, tag):
+    pending = b""
+    while True:
+        chunk = os.read(read_fd, 65536)
+        if not chunk:
+            break
+        pending += chunk
+        lines = pending.split(b"\n")
+        pending = lines.pop()
+        if lines:
+            os.write(write_fd, b"".join(tag + line + b"\n" for line in lines))
+    if pending:
+        os.write(write_fd, tag + pending + b"\n")
+
+
+def prefix_output(tag):
+    """Every line written to this process's stdout and stderr (its children's too) gets `tag`
+    in front, as torchrun's --tee does: for launchers that give a node's ranks one stdout."""
+    copiers = []
+    for fd in (1, 2):
+        read_fd, write_fd = os.pipe()
+        original = os.dup(fd)
+        os.dup2(write_fd, fd)
+        os.close(write_fd)
+        copier = threading.Thread(target=_copy_lines, args=(read_fd, original, tag), daemon=True)
+        copier.start()
+        copiers.append(copier)
+
+    def drain():
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        for fd in (1, 2):
+            os.dup2(devnull, fd)  # closes the pipes' last write ends here: the copiers finish
+        for copier in copiers:
+            copier.join(timeout=2)
+
+    atexit.register(drain)
+
+
 def main(argv):
     # DeepSpeed's launcher puts its --local_rank before the script (it thinks the shim is
     # the script): it is handed on to the user's script, where DeepSpeed would have put it.
@@ -110,6 +157,8 @@ def main(argv):
     if not argv:
         sys.exit("trainfleet shim: no script given")
     os.environ.update(node_env())
+    if os.environ.get("TRAINFLEET_PREFIX_OUTPUT") == "1":
+        prefix_output(("[default%s]:" % os.environ.get("LOCAL_RANK", "0")).encode())
     is_module = argv[0] == "-m"
     target, args = (argv[1], argv[2:]) if is_module else (argv[0], argv[1:])
     args = passed + args
