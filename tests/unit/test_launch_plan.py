@@ -34,6 +34,7 @@ FACTS = {
 }
 LAUNCH_ENV = {
     "PATH": "/opt/conda/envs/train/bin:/usr/bin",
+    "MLFLOW_TRACKING_PASSWORD": "mlflow-pw",
     "HOME": "/root",
     "TORCH_HOME": "/data/torch",
     "SSH_AUTH_SOCK": "/tmp/agent",
@@ -162,6 +163,11 @@ def test_deepspeed_plan_explicit_hosts_master_and_per_node_env_without_secrets_i
     assert "secret123" not in shown and "hf_abcdef" not in shown
     text = render_deepspeed(plan)
     assert "WANDB_API_KEY='***'" in text and "secret123" not in text
+    # DeepSpeed's runner would export MLFLOW_* on pdsh's command line: taken from its env,
+    # given to every node through the table instead.
+    assert plan.unset == ["MLFLOW_TRACKING_PASSWORD"]
+    assert all(e["env"]["MLFLOW_TRACKING_PASSWORD"] == "mlflow-pw" for e in plan.node_table)
+    assert "mlflow-pw" not in text
     assert "TRAINFLEET_LOCAL_RANK_ARG=never" in plan.ds_env  # DeepSpeed passes it itself
 
 

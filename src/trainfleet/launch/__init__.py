@@ -181,7 +181,8 @@ def launch(plan: AnyPlan, cluster: Cluster, *, run_dir: Path, out=None) -> Launc
             f"could not write the run's files on {failed[0].node}: {failed[0].reason()}",
             f"check that {plan.node_dir} can be created there",
         )
-    runner = Channel(name="deepspeed", argv=plan.argv, pdsh=True, cwd=plan.cwd, env=plan.env)
+    env = {k: v for k, v in os.environ.items() if k not in plan.unset} | plan.env
+    runner = Channel(name="deepspeed", argv=plan.argv, pdsh=True, cwd=plan.cwd, env=env)
     try:
         return supervise(plan, [runner], run_dir=run_dir, out=out, diagnose=diagnose)
     finally:

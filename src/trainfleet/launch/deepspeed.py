@@ -33,10 +33,15 @@ from trainfleet.launch.plan import (
     LaunchOptions,
     NodeFacts,
     choose_master_port,
+    is_secret,
     masked,
     node_env,
 )
 from trainfleet.remote import ssh_base_argv
+
+RUNNER_EXPORTS = ("NCCL", "PYTHON", "UCX", "MV2", "MLFLOW")
+"""What DeepSpeed's runner exports from its own environment to every node, on pdsh's command
+line (runner.py EXPORT_ENVS and the accelerator's export_envs)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -58,6 +63,9 @@ class DeepSpeedPlan:
     """The runner, run on this machine."""
     env: dict[str, str]
     """Set over this machine's environment for the runner."""
+    unset: list[str]
+    """Secrets removed from the runner's environment: it would put them on pdsh's command
+    line (it exports NCCL*, PYTHON*, UCX*, MV2*, MLFLOW* as is); the node table carries them."""
     cwd: str
     notes: list[str]
 
@@ -106,9 +114,11 @@ def plan_deepspeed(
     port, note = choose_master_port(
         options.master_port or cluster.master_port, master_facts.listening
     )
+    unset = sorted(k for k in launch_env if k.startswith(RUNNER_EXPORTS) and is_secret(k))
     table, first_rank, include = [], 0, []
     for node in cluster.nodes:
         env = node_env(cluster, node.host, facts.get(node.host, NodeFacts()), launch_env)
+        env.update({k: launch_env[k] for k in unset if k not in env})
         env.pop("CUDA_VISIBLE_DEVICES", None)  # DeepSpeed's launch sets it from --include
         table.append({"host": node.host, "first_rank": first_rank, "slots": node.slots, "env": env})
         include.append(f"{node.host}:{','.join(str(i) for i in node.gpu_ids)}")
@@ -159,6 +169,7 @@ def plan_deepspeed(
         ds_env="".join(f"{k}={v}\n" for k, v in ds_env.items()),
         argv=argv,
         env=runner_env,
+        unset=unset,
         cwd=launch_cwd,
         notes=[note] if note else [],
     )
@@ -174,6 +185,7 @@ def render_deepspeed(plan: DeepSpeedPlan) -> str:
         f"  argv: {shlex.join(plan.argv)}",
         "  env:",
         *(f"    {k}={shlex.quote(v)}" for k, v in sorted(plan.env.items())),
+        *(f"    (unset {k}: a secret; the nodes get it from the table)" for k in plan.unset),
         "  hostfile:",
         *(f"    {line}" for line in plan.hostfile.splitlines()),
         "  DS_ENV_FILE (exported on every node by the runner):",

@@ -60,7 +60,8 @@ class Channel:
     """Output lines carry pdsh's `node: ` prefix."""
     cwd: str | None = None
     env: dict[str, str] | None = None
-    """Set over this machine's environment (the runner's; bootstraps get theirs on stdin)."""
+    """The whole environment of the local process (None: this one's). Bootstraps get the
+    job's environment on stdin."""
 
 
 def bootstrap_channels(plan: LaunchPlan, cluster: Cluster) -> list[Channel]:
@@ -254,7 +255,7 @@ class _Run:
                 stderr=asyncio.subprocess.PIPE,
                 start_new_session=True,  # Ctrl-C reaches trainfleet, which stops nodes in order
                 cwd=channel.cwd,
-                env={**os.environ, **channel.env} if channel.env else None,
+                env=channel.env,
             )
             if channel.payload:
                 proc.stdin.write(channel.payload)
