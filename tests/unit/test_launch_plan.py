@@ -53,6 +53,7 @@ gpu-node-1: node_rank 0, ranks 0-1, cwd /work/project
     PATH=/opt/conda/envs/train/bin:/usr/bin
     TORCH_HOME=/data/torch
     TRAINFLEET_LOCAL_RANK_ARG=auto
+    TRAINFLEET_NODE=gpu-node-1
     TRAINFLEET_RUN_ID=r1
 
 gpu-node-2: node_rank 1, ranks 2-3, cwd /work/project
@@ -67,6 +68,7 @@ gpu-node-2: node_rank 1, ranks 2-3, cwd /work/project
     PATH=/opt/conda/envs/train/bin:/usr/bin
     TORCH_HOME=/data/torch
     TRAINFLEET_LOCAL_RANK_ARG=auto
+    TRAINFLEET_NODE=gpu-node-2
     TRAINFLEET_RUN_ID=r1
     WANDB_API_KEY='***'
 

@@ -18,10 +18,11 @@ from collections.abc import Sequence
 from types import ModuleType
 
 from trainfleet import __version__
-from trainfleet.cli import doctor_cmd, exec_cmd, launch_cmd, sandbox_cmd
+from trainfleet.cli import commtest_cmd, doctor_cmd, exec_cmd, launch_cmd, sandbox_cmd
 from trainfleet.errors import TrainfleetError
 
 COMMANDS: dict[str, ModuleType] = {
+    "commtest": commtest_cmd,
     "doctor": doctor_cmd,
     "exec": exec_cmd,
     "launch": launch_cmd,

@@ -125,6 +125,7 @@ def node_env(
     node = cluster.node(host)
     env = forwarded_env(launch_env)
     env.update(node.env)  # cluster-wide values, overridden by the node's own
+    env["TRAINFLEET_NODE"] = host  # the node's name as in the cluster spec, for tools
     if facts.interface:
         env["NCCL_SOCKET_IFNAME"] = facts.interface
         env["GLOO_SOCKET_IFNAME"] = facts.interface

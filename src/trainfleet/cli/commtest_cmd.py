@@ -1,0 +1,82 @@
+"""`trainfleet commtest`: collective bandwidth across the cluster, a verdict, the slow link.
+
+trainfleet commtest -c cluster.yaml
+trainfleet commtest --hostfile hostfile --ops all_reduce --max-bytes 256M --plot busbw.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from trainfleet.cli.common import CLUSTER_YAML_EXAMPLE, add_cluster_arguments, cluster_from_args
+
+HELP = "collective bandwidth across the cluster, a verdict, and the slow node or link"
+DESCRIPTION = """\
+Runs one job through `trainfleet launch` on every slot of every node (NCCL on GPUs, gloo on
+CPUs; the nodes need trainfleet and torch installed): per op and size, the time per op on
+the slowest rank, algbw and busbw with nccl-tests' factors, and a check of every result.
+Then the nodes' first ranks measure each pair of nodes, in rounds of disjoint pairs:
+send/recv and a raw TCP stream, each direction. A node or link much slower than the rest is
+named (`slow-link`). The verdict compares all_reduce busbw at the largest size with the
+slowest link (kernel-reported speed, raw TCP). Exit 0: PASS; 1: shortfall, wrong results or
+a slow link; 2: the job did not finish (a hung collective ends at --timeout)."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from trainfleet.commtest.formulas import OPS
+
+    add_cluster_arguments(parser)
+    parser.add_argument(
+        "--ops", default=",".join(OPS), help=f"comma-separated, of: {','.join(OPS)}"
+    )
+    parser.add_argument("--min-bytes", default="1K", metavar="SIZE")
+    parser.add_argument("--max-bytes", default="1G", metavar="SIZE")
+    parser.add_argument("--factor", type=int, default=2)
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument(
+        "--timeout", type=int, default=60, metavar="S", help="a collective taking longer is hung"
+    )
+    parser.add_argument("--no-pairs", action="store_true", help="skip the node pair rounds")
+    parser.add_argument("--pair-bytes", default="4M", metavar="SIZE")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--plot", metavar="FILE.png", help="busbw vs size per op")
+    parser.add_argument("--run-dir", metavar="DIR", help="logs go here")
+    parser.epilog = CLUSTER_YAML_EXAMPLE
+
+
+def run(args: argparse.Namespace) -> int:
+    from trainfleet.commtest import CommtestOptions, run_commtest
+    from trainfleet.commtest.formulas import parse_size
+    from trainfleet.commtest.report import plot, render
+    from trainfleet.errors import TrainfleetError
+
+    options = CommtestOptions(
+        ops=tuple(op.strip() for op in args.ops.split(",") if op.strip()),
+        min_bytes=parse_size(args.min_bytes),
+        max_bytes=parse_size(args.max_bytes),
+        factor=args.factor,
+        iters=args.iters,
+        warmup=args.warmup,
+        timeout=args.timeout,
+        pairs=not args.no_pairs,
+        pair_bytes=parse_size(args.pair_bytes),
+    )
+    try:
+        report = run_commtest(
+            cluster_from_args(args),
+            options,
+            run_dir=Path(args.run_dir) if args.run_dir else None,
+        )
+    except TrainfleetError as exc:
+        print(f"trainfleet commtest: {exc}", file=sys.stderr)
+        return 2
+    if args.plot:
+        plot(report, Path(args.plot))
+    print(json.dumps(report.to_json(), indent=2) if args.json else render(report))
+    if args.plot and not args.json:
+        print(f"plot: {args.plot}")
+    return 0 if report.passed and not report.findings else 1

@@ -1,0 +1,55 @@
+"""commtest on real sandboxes, through the real launcher: every op's results correct, a clean
+cluster has no slow link, and a node whose link is shaped to 50 Mbit/s is named."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from trainfleet.cli.main import main
+
+pytestmark = pytest.mark.cluster
+
+SMALL = ["--min-bytes", "1K", "--max-bytes", "1M", "--factor", "32", "--iters", "3"]
+SMALL += ["--warmup", "1", "--pair-bytes", "1M"]
+
+
+def _commtest(cluster_file, tmp_path, capsys, *extra):
+    code = main(
+        ["commtest", "-c", str(cluster_file), "--json", "--run-dir", str(tmp_path / "run")]
+        + SMALL
+        + list(extra)
+    )
+    return code, json.loads(capsys.readouterr().out)
+
+
+def test_clean_cluster_every_op_correct_no_slow_link_and_a_plot(make_sandbox, tmp_path, capsys):
+    box = make_sandbox(nodes=3, ifnames=["ens14f0", "ens14f1", "ens14f2"], slots=2)
+    plot = tmp_path / "busbw.png"
+    code, report = _commtest(box.cluster_file, tmp_path, capsys, "--plot", str(plot))
+    assert report["world_size"] == 6 and report["backend"] == "gloo"
+    ops = {r["op"] for r in report["results"]}
+    assert ops == {
+        "all_reduce",
+        "all_gather",
+        "reduce_scatter",
+        "broadcast",
+        "all_to_all",
+        "sendrecv",
+    }
+    assert all(r["wrong"] == 0 and r["busbw"] > 0 for r in report["results"])
+    # Every ordered pair of nodes, measured both ways, by send/recv and raw TCP.
+    assert len(report["pairs"]["sendrecv"]) == 6 and len(report["pairs"]["tcp"]) == 6
+    assert report["findings"] == []
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert code == (0 if report["passed"] else 1)
+
+
+def test_a_shaped_link_is_named(make_sandbox, tmp_path, capsys):
+    box = make_sandbox(nodes=3, faults=["slow-link@3"])
+    code, report = _commtest(box.cluster_file, tmp_path, capsys, "--ops", "all_reduce")
+    slow = [f for f in report["findings"] if f["id"] == "slow-link"]
+    assert [f["nodes"] for f in slow] == [["gpu-node-3"]], report["findings"]
+    assert slow[0]["evidence"] and slow[0]["fix"]
+    assert code == 1

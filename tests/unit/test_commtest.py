@@ -1,0 +1,152 @@
+"""commtest arithmetic and verdicts (pure), the report from a recorded run, and the result
+checks of every op (a one-rank gloo group in a subprocess: real torch, no network)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainfleet.commtest import CommtestOptions, build_report
+from trainfleet.commtest.formulas import (
+    OPS,
+    busbw,
+    parse_size,
+    round_robin,
+    sizes,
+    slow_findings,
+    verdict,
+)
+from trainfleet.commtest.report import render
+from trainfleet.errors import TrainfleetError
+
+pytestmark = pytest.mark.unit
+
+RECORDED = Path(__file__).parent / "fixtures" / "commtest" / "slow_node3.json"
+
+
+@pytest.mark.parametrize(
+    ("op", "ranks", "factor"),
+    [
+        ("all_reduce", 8, 2 * 7 / 8),
+        ("all_reduce", 2, 1.0),
+        ("all_gather", 4, 3 / 4),
+        ("reduce_scatter", 16, 15 / 16),
+        ("all_to_all", 2, 0.5),
+        ("broadcast", 8, 1.0),
+        ("sendrecv", 8, 1.0),
+    ],
+)
+def test_busbw_factors_are_nccl_tests(op, ranks, factor):
+    assert busbw(op, algbw=10.0, ranks=ranks) == pytest.approx(10.0 * factor)
+
+
+def test_sizes_and_their_spelling():
+    assert parse_size("1K") == 1024 and parse_size("64M") == 64 << 20
+    assert (
+        parse_size("1G") == 1 << 30 and parse_size("4096") == 4096 and parse_size("2MiB") == 2 << 20
+    )
+    assert sizes(1024, 1 << 20, 4) == [1024, 4096, 16384, 65536, 262144, 1048576]
+    for bad in ("1T", "", "x"):
+        with pytest.raises(TrainfleetError, match="cannot read size"):
+            parse_size(bad)
+    with pytest.raises(TrainfleetError):
+        sizes(1 << 20, 1024, 2)
+    with pytest.raises(TrainfleetError, match="unknown op"):
+        CommtestOptions(ops=("all_reduce", "allreduce"))
+
+
+@pytest.mark.parametrize("count", range(2, 10))
+def test_round_robin_meets_every_pair_once_in_disjoint_rounds(count):
+    nodes = [f"n{i}" for i in range(count)]
+    rounds = round_robin(nodes)
+    assert len(rounds) == (count - 1 if count % 2 == 0 else count)
+    met = [frozenset(pair) for r in rounds for pair in r]
+    assert sorted(map(sorted, met)) == sorted(
+        map(sorted, map(frozenset, itertools.combinations(nodes, 2)))
+    )
+    for r in rounds:
+        busy = [n for pair in r for n in pair]
+        assert len(busy) == len(set(busy))  # no node in two pairs of a round
+
+
+def _rates(slow=(), bad_pair=None, nodes=("a", "b", "c", "d")):
+    rates = {}
+    for a, b in itertools.permutations(nodes, 2):
+        rate = 1e9
+        if a in slow or b in slow or {a, b} == set(bad_pair or ()):
+            rate = 5e6
+        rates[(a, b)] = rate
+    return rates
+
+
+def test_a_slow_node_a_slow_pair_and_a_clean_matrix():
+    [node] = slow_findings(_rates(slow=("c",)), "send/recv")
+    assert (node.id, node.nodes) == ("slow-link", ("c",))
+    assert "send/recv a -> c: 5.0 MB/s" in node.evidence and "ethtool" in node.fix
+    [pair] = slow_findings(_rates(bad_pair=("a", "b")), "raw TCP")
+    assert set(pair.nodes) == {"a", "b"}
+    assert slow_findings(_rates(), "send/recv") == []
+
+
+def test_verdict_against_the_slowest_link():
+    ok, text = verdict(0.9e9, {"eth0 (kernel)": 1.25e9, "raw TCP a -> b": 1.5e9}, 1 << 30)
+    assert ok and text.startswith("PASS") and "72%" in text and "eth0 (kernel)" in text
+    ok, text = verdict(0.2e9, {"raw TCP a -> b": 1.5e9}, 1 << 30)
+    assert not ok and text.startswith("SHORTFALL") and "1.0 GiB" in text
+    assert verdict(None, {}, None)[0] is False
+
+
+def test_report_from_a_recorded_run_with_a_shaped_link():
+    report = build_report(json.loads(RECORDED.read_text()))
+    assert [(f.id, f.nodes) for f in report.findings] == [("slow-link", ("gpu-node-3",))]
+    assert report.links["raw TCP gpu-node-3 -> gpu-node-1"] < 10e6
+    text = render(report)
+    assert "#wrong" in text and "# Out of bounds values : 0 OK" in text
+    assert "WARNING slow-link  [gpu-node-3]" in text
+
+
+CHECKS = """
+import os, torch, torch.distributed as dist
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["PORT"])
+dist.init_process_group("gloo", rank=0, world_size=1)
+from trainfleet.commtest.formulas import OPS
+from trainfleet.commtest.worker import Op, time_op
+out = {}
+for name in OPS:
+    op = Op(name, 4096, torch.device("cpu"))
+    seconds, wrong = time_op(op, 2, 1, torch.device("cpu"))
+    tensor = getattr(op, "out", None)
+    if tensor is None:
+        tensor = op.buf
+    tensor[0] += 1  # one wrong element: the check must see it
+    out[name] = [wrong, op.wrong(), op.bytes]
+print(out)
+dist.destroy_process_group()
+"""
+
+
+def test_every_op_checks_its_result(tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    done = subprocess.run(
+        [sys.executable, "-c", CHECKS],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**__import__("os").environ, "PORT": str(port)},
+    )
+    assert done.returncode == 0, done.stderr
+    results = eval(done.stdout.strip().splitlines()[-1])  # (our own dict literal)
+    assert set(results) == set(OPS)
+    for name, (wrong, after_corruption, size) in results.items():
+        assert wrong == 0, name
+        assert after_corruption == 1, name
+        assert size == 4096
