@@ -4,6 +4,9 @@ cluster has no slow link, and a node whose link is shaped to 50 Mbit/s is named.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -53,3 +56,42 @@ def test_a_shaped_link_is_named(make_sandbox, tmp_path, capsys):
     assert [f["nodes"] for f in slow] == [["gpu-node-3"]], report["findings"]
     assert slow[0]["evidence"] and slow[0]["fix"]
     assert code == 1
+
+
+def test_a_collective_that_hangs_ends_at_the_timeout_with_op_size_and_rank(make_sandbox, tmp_path):
+    """The network to gpu-node-2 goes silent mid-run (a firewall added after every rank
+    joined, ssh still allowed): the collective hangs, and ends at --timeout, named."""
+    box = make_sandbox(nodes=2)
+    argv = [sys.executable, "-m", "trainfleet", "commtest", "-c", str(box.cluster_file)]
+    argv += ["--ops", "all_reduce", "--min-bytes", "1M", "--max-bytes", "1M", "--iters", "2000"]
+    argv += ["--timeout", "10", "--no-pairs", "--run-dir", str(tmp_path / "run")]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log = tmp_path / "run" / "logs" / "gpu-node-1.rank0.log"
+    deadline = time.monotonic() + 90
+    while not (log.exists() and "ranks joined" in log.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    node2 = box.nodes[1].netns
+    subprocess.run(
+        [
+            "ip",
+            "netns",
+            "exec",
+            node2,
+            "iptables",
+            "-I",
+            "INPUT",
+            "-p",
+            "tcp",
+            "!",
+            "--dport",
+            "22",
+            "-j",
+            "DROP",
+        ],
+        check=True,
+    )
+    started = time.monotonic()
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2, (out, err)
+    assert "commtest: TIMEOUT op=all_reduce bytes=1048576" in err, err
+    assert time.monotonic() - started < 10 + 30

@@ -260,6 +260,7 @@ def main(argv: list[str]) -> int:
     dist.all_gather_object(everyone, me)
     if local_rank == 0 and me["address"]:
         me["listener"] = listener
+    _say(f"{n} ranks joined ({backend}); {len(spec['ops'])} op(s) x {len(spec['sizes'])} size(s)")
     results = []
     current = None
     try:
