@@ -150,3 +150,13 @@ def test_every_op_checks_its_result(tmp_path):
         assert wrong == 0, name
         assert after_corruption == 1, name
         assert size == 4096
+
+
+def test_with_nccl_over_infiniband_the_ports_are_the_links_to_judge_against():
+    summary = json.loads(RECORDED.read_text())
+    summary["backend"] = "nccl"
+    for rank in summary["ranks"]:
+        rank["ib"] = {"mlx5_0/1": 200e9 / 8, "mlx5_1/1": 200e9 / 8}
+    report = build_report(summary)
+    assert set(report.links) == {f"InfiniBand on gpu-node-{k} (2 port(s))" for k in range(1, 5)}
+    assert all(rate == 50e9 for rate in report.links.values())

@@ -89,10 +89,20 @@ def build_report(summary: dict, run_dir: Path | None = None) -> CommtestReport:
     """The report from rank 0's JSON line (pure)."""
     links: dict[str, float] = {}
     for rank in summary["ranks"]:
-        if rank["local_rank"] == 0 and rank.get("link_speed"):
+        if rank["local_rank"] != 0:
+            continue
+        if rank.get("link_speed"):
             links[f"{rank['iface']} on {rank['node']} (kernel)"] = rank["link_speed"]
+        if summary["backend"] == "nccl" and rank.get("ib"):
+            # NCCL spreads over every active port of the node: their sum is its rate.
+            links[f"InfiniBand on {rank['node']} ({len(rank['ib'])} port(s))"] = sum(
+                rank["ib"].values()
+            )
     for key, rate in summary["pairs"].get("tcp", {}).items():
         links[f"raw TCP {key.replace('>', ' -> ')}"] = rate
+    infiniband = {k: v for k, v in links.items() if k.startswith("InfiniBand")}
+    if infiniband:  # NCCL's data goes over them, not over the socket interface
+        links = infiniband
     findings = formulas.slow_findings(_directed(summary["pairs"].get("sendrecv", {})), "send/recv")
     tcp = formulas.slow_findings(_directed(summary["pairs"].get("tcp", {})), "raw TCP")
     covered = {n for f in findings for n in f.nodes}

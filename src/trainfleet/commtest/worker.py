@@ -129,11 +129,20 @@ def time_op(op: Op, iters: int, warmup: int, device: torch.device) -> tuple[floa
         op.run()
     _sync(device)
     dist.barrier()
-    start = time.perf_counter()
-    for _ in range(iters):
-        op.run()
-    _sync(device)
-    elapsed = torch.tensor([(time.perf_counter() - start) / iters], dtype=torch.float64)
+    if device.type == "cuda":  # the GPU's own clock: no host-side launch overhead in it
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        for _ in range(iters):
+            op.run()
+        end.record()
+        end.synchronize()
+        per_op = begin.elapsed_time(end) / 1e3 / iters
+    else:
+        start = time.perf_counter()
+        for _ in range(iters):
+            op.run()
+        per_op = (time.perf_counter() - start) / iters
+    elapsed = torch.tensor([per_op], dtype=torch.float64)
     op.reset()
     op.run()  # one more, from known inputs, to check
     _sync(device)
@@ -164,6 +173,24 @@ def _link_speed(name: str | None) -> float | None:
     except (OSError, ValueError, TypeError):
         return None
     return mbit * 1e6 / 8 if mbit > 0 else None
+
+
+def _ib_rates() -> dict[str, float]:
+    """Bytes/s of each active InfiniBand port (/sys/class/infiniband/DEV/ports/N/rate reads
+    like `200 Gb/sec (4X HDR)`)."""
+    rates = {}
+    root = "/sys/class/infiniband"
+    for dev in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+        ports = os.path.join(root, dev, "ports")
+        for port in sorted(os.listdir(ports)) if os.path.isdir(ports) else []:
+            try:
+                state = open(os.path.join(ports, port, "state")).read()
+                rate = open(os.path.join(ports, port, "rate")).read().split()
+            except OSError:
+                continue
+            if "ACTIVE" in state and rate and rate[0].replace(".", "", 1).isdigit():
+                rates[f"{dev}/{port}"] = float(rate[0]) * 1e9 / 8
+    return rates
 
 
 def _tcp_send(address: tuple[str, int], seconds: float) -> None:
@@ -249,6 +276,7 @@ def main(argv: list[str]) -> int:
         "iface": iface,
         "address": _iface_address(iface),
         "link_speed": _link_speed(iface),
+        "ib": _ib_rates() if local_rank == 0 else {},
         "port": None,
     }
     if local_rank == 0 and me["address"]:
