@@ -9,6 +9,7 @@ SYSPKGS   := openssh-server openssh-client iproute2 iptables pdsh procps
 # pulling gigabytes of CUDA wheels for anything that depends on torch.
 TORCH_PIN ?= torch==2.13.0
 DEEPSPEED_PIN ?= deepspeed==0.19.8
+TRANSFORMERS_PIN ?= transformers==5.23.0
 
 .PHONY: all venv system demo test test-unit test-cluster lint format bench clean
 
@@ -21,6 +22,8 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install -q -e ".[dev]"
 	# The launch tests run DeepSpeed's real runner (the version verified here, see DESIGN.md).
 	$(BIN)/pip install -q "$(DEEPSPEED_PIN)"
+	# The planner's counts are checked against transformers' own models (meta device).
+	$(BIN)/pip install -q "$(TRANSFORMERS_PIN)"
 	touch $@
 
 venv: $(STAMP)
