@@ -16,9 +16,10 @@ from trainfleet.errors import TrainfleetError
 
 HELP = "start a training script on every node (torchrun over ssh), fail fast, explain hangs"
 DESCRIPTION = """\
-Runs a quick doctor first (errors stop the launch; --no-preflight skips that), then starts
-torchrun on every node over ssh with its node rank, the master address and port, one rank
-per slot, and the node's own environment: NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME set to the
+Runs a quick doctor first (its errors stop the launch; --no-preflight starts anyway), then
+starts torchrun on every node over ssh (or, with --backend deepspeed, DeepSpeed's own runner)
+with its node rank, the master address and port, one rank per slot, and the node's own
+environment: NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME set to the
 interface that reaches the master there, DS_ACCELERATOR=cpu where there is no GPU,
 cluster.yaml's env, and PATH, LD_LIBRARY_PATH, CUDA_HOME, HF_*, WANDB_*, TORCH_* from here.
 Secrets (names with TOKEN, KEY, SECRET, PASSWORD...) reach the nodes over ssh stdin and are

@@ -4,12 +4,15 @@ hangs.
     >>> from trainfleet.cluster import load_cluster
     >>> from trainfleet.launch import LaunchOptions, prepare, launch
     >>> cluster = load_cluster(cluster_file="cluster.yaml")  # doctest: +SKIP
-    >>> plan, report = prepare(cluster, LaunchOptions(command=("train.py",)))  # doctest: +SKIP
-    >>> result = launch(plan, cluster)  # doctest: +SKIP
+    >>> run_dir = Path("trainfleet-runs/r1")
+    >>> options = LaunchOptions(command=("train.py", "--lr", "1e-4"))
+    >>> plan, report = prepare(cluster, options, run_dir=run_dir)  # doctest: +SKIP
+    >>> result = launch(plan, cluster, run_dir=run_dir)  # doctest: +SKIP
 
 `prepare` runs a quick doctor (the preflight: its facts give each node's interface, GPUs and
-the master's busy ports; its errors stop the launch) and makes the plan (`plan.py`, pure);
-`launch` executes it (`supervisor.py`) and, when ranks did not join, asks doctor why.
+the master's busy ports; its errors stop the launch) and makes the plan for the backend
+(`plan.py` for ssh, `deepspeed.py` for DeepSpeed's runner; both pure); `launch` executes it
+(`supervisor.py`) and, when ranks did not join, asks doctor why.
 """
 
 from __future__ import annotations
