@@ -129,6 +129,31 @@ class ModelShape:
         final_norm = self.hidden_size
         return self.embedding_params() + self.num_layers * self.layer_params() + final_norm + head
 
+    def parameter_numels(self) -> list[int]:
+        """Every parameter tensor's element count, in the model's order (tied weights once):
+        what ZeRO-3 partitions one by one."""
+        h, d, inter = self.hidden_size, self.head_dim, self.intermediate_size
+        q, kv = self.num_heads * d, self.num_kv_heads * d
+
+        def linear(n_in: int, n_out: int, bias: bool) -> list[int]:
+            return [n_in * n_out, n_out] if bias else [n_in * n_out]
+
+        layer = [
+            *linear(h, q, self.qkv_bias),
+            *linear(h, kv, self.qkv_bias),
+            *linear(h, kv, self.qkv_bias),
+            *linear(q, h, self.o_bias),
+            *([d, d] if self.family in _QK_NORM else []),
+            *linear(h, inter, self.mlp_bias),
+            *linear(h, inter, self.mlp_bias),
+            *linear(inter, h, self.mlp_bias),
+            *[h] * (4 if self.family in _FOUR_NORMS else 2),
+        ]
+        numels = [self.embedding_params(), *layer * self.num_layers, h]
+        if not self.tie_word_embeddings:
+            numels.append(self.embedding_params())
+        return numels
+
     def largest_module_params(self) -> int:
         """Params one module owns directly (DeepSpeed's `model_to_params` largest layer): the
         embedding or lm_head for every family here, else the biggest projection."""
