@@ -89,14 +89,9 @@ def _command(args: argparse.Namespace) -> tuple[str, ...]:
 
 
 def _render_findings(findings) -> list[str]:
-    from trainfleet.nodeset import fold_names
+    from trainfleet.doctor.report import finding_lines
 
-    lines = []
-    for f in findings:
-        lines.append(f"  {str(f.severity).upper():7} {f.id}  [{fold_names(f.nodes)}]")
-        lines += [f"    {e}" for e in f.evidence[:6]]
-        lines.append(f"    fix: {f.fix}")
-    return lines
+    return [line for f in findings for line in finding_lines(f, indent="  ", max_evidence=6)]
 
 
 def render_outcome(result, plan) -> str:

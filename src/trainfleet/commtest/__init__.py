@@ -26,8 +26,6 @@ from trainfleet.errors import TrainfleetError
 from trainfleet.launch import LaunchOptions, launch, new_run_id, prepare
 from trainfleet.launch.supervisor import RunState
 
-RESULT_MARK = "@@trainfleet-commtest "  # (worker.RESULT_MARK; the worker imports torch)
-
 
 @dataclass(kw_only=True, slots=True, frozen=True)
 class CommtestOptions:
@@ -175,7 +173,7 @@ def run_commtest(
     plan, _ = prepare(cluster, launch_options, run_dir=run_dir)
     result = launch(plan, cluster, run_dir=run_dir, out=_Progress(progress or sys.stderr))
     log = _rank0_log(run_dir, cluster.master)
-    line = next((x for x in log.splitlines() if RESULT_MARK in x), None)
+    line = next((x for x in log.splitlines() if formulas.RESULT_MARK in x), None)
     if result.state is not RunState.DONE or line is None:
         timeouts = [
             x.split("commtest: ", 1)[1]
@@ -188,5 +186,5 @@ def run_commtest(
             f"the commtest job did not finish: {timeouts[0] if timeouts else cause}",
             f"see {run_dir / 'logs'}; `trainfleet doctor` checks the links between the nodes",
         )
-    summary = json.loads(line.split(RESULT_MARK, 1)[1])
+    summary = json.loads(line.split(formulas.RESULT_MARK, 1)[1])
     return build_report(summary, run_dir)

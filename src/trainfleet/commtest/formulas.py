@@ -26,6 +26,8 @@ OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 SLOW_FRACTION = 0.25
 """A pair slower than this fraction of the median of the other pairs is slow."""
+RESULT_MARK = "@@trainfleet-commtest "
+"""Starts rank 0's one JSON line of results (worker.py prints it, run_commtest reads it)."""
 PASS_FRACTION = 0.5
 """all_reduce busbw at the largest size must reach this fraction of the slowest link."""
 

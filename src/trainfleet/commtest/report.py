@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from trainfleet.commtest import CommtestReport
+from trainfleet.doctor.report import finding_lines
 from trainfleet.errors import TrainfleetError
-from trainfleet.nodeset import fold_names
 
 _REDOP = {"all_reduce": "sum", "reduce_scatter": "sum"}
 
@@ -43,9 +43,7 @@ def render(report: CommtestReport) -> str:
             raw = f"   raw TCP {tcp[key] / 1e6:9.1f} MB/s" if key in tcp else ""
             lines.append(f"  {key.replace('>', ' -> '):<32} send/recv {rate / 1e6:9.1f} MB/s{raw}")
     for finding in report.findings:
-        lines += ["", f"WARNING {finding.id}  [{fold_names(finding.nodes)}]"]
-        lines += [f"  {e}" for e in finding.evidence]
-        lines.append(f"  fix: {finding.fix}")
+        lines += ["", *finding_lines(finding)]
     lines += ["", report.verdict]
     if report.run_dir:
         lines.append(f"logs: {report.run_dir / 'logs'}")

@@ -26,9 +26,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from trainfleet.commtest.formulas import busbw_factor
+from trainfleet.commtest.formulas import RESULT_MARK, busbw_factor
 
-RESULT_MARK = "@@trainfleet-commtest "
 DTYPE = torch.float32
 ELEMENT = 4
 

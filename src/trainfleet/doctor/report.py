@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 from trainfleet.doctor import DoctorReport
-from trainfleet.doctor.findings import Severity
+from trainfleet.doctor.findings import Finding, Severity
 from trainfleet.nodeset import fold_groups, fold_names
 
 _LABEL = {Severity.ERROR: "ERROR", Severity.WARNING: "WARNING", Severity.INFO: "info"}
@@ -21,16 +21,22 @@ def _counts(report: DoctorReport) -> str:
     return ", ".join(parts) or "no problems found"
 
 
+def finding_lines(finding: Finding, indent: str = "", max_evidence: int | None = None) -> list[str]:
+    """One finding as the reports show it: label, id, folded nodes; evidence; fix."""
+    where = fold_names(finding.nodes) if finding.nodes else "this machine"
+    lines = [f"{indent}{_LABEL[finding.severity]:7} {finding.id}  [{where}]"]
+    lines += [f"{indent}  {line}" for line in finding.evidence[:max_evidence]]
+    if finding.fix:
+        lines.append(f"{indent}  fix: {finding.fix}")
+    return lines
+
+
 def render(report: DoctorReport) -> str:
     head = f"trainfleet doctor: {len(report.nodes)} node(s), {_counts(report)}"
     phases = ", ".join(f"{name} {t:.1f} s" for name, t in report.phases.items())
     lines = [f"{head} ({report.seconds:.1f} s{': ' + phases if len(report.phases) > 1 else ''})"]
     for finding in report.findings:
-        where = fold_names(finding.nodes) if finding.nodes else "this machine"
-        lines += ["", f"{_LABEL[finding.severity]:7} {finding.id}  [{where}]"]
-        lines += [f"  {line}" for line in finding.evidence]
-        if finding.fix:
-            lines.append(f"  fix: {finding.fix}")
+        lines += ["", *finding_lines(finding)]
     for problem in report.problems:
         lines += ["", f"doctor could not examine {problem}"]
     lines += [

@@ -27,7 +27,6 @@ from pathlib import Path
 
 from trainfleet.cluster import Cluster
 from trainfleet.doctor import DoctorReport, run_doctor
-from trainfleet.doctor.checks.network import check_port_in_use
 from trainfleet.doctor.findings import Severity
 from trainfleet.errors import TrainfleetError
 from trainfleet.launch import shim
@@ -91,7 +90,7 @@ def node_facts(report: DoctorReport) -> dict[str, NodeFacts]:
                 for e in sheet.get("listening", [])
                 if e.get("pid") != sheet.get("pid") and isinstance(e.get("port"), int)
             }
-            if check_port_in_use(survey):
+            if any(f.id == "port-in-use" for f in report.findings):  # (doctor's own verdict)
                 listening.add(survey.cluster.master_port)
         facts[host] = NodeFacts(
             interface=info.get("interface"), gpus=info.get("gpus") or 0, listening=tuple(listening)

@@ -32,9 +32,10 @@ from trainfleet.errors import TrainfleetError
 from trainfleet.launch.plan import (
     LaunchOptions,
     NodeFacts,
-    choose_master_port,
+    head_line,
     is_secret,
     masked,
+    master_port,
     node_env,
 )
 from trainfleet.remote import ssh_base_argv
@@ -50,7 +51,6 @@ class DeepSpeedPlan:
     master: str
     master_addr: str
     master_port: int
-    world_size: int
     hostfile: str
     """Text of the hostfile the runner reads."""
     node_table: list[dict]
@@ -68,6 +68,10 @@ class DeepSpeedPlan:
     line (it exports NCCL*, PYTHON*, UCX*, MV2*, MLFLOW* as is); the node table carries them."""
     cwd: str
     notes: list[str]
+
+    @property
+    def world_size(self) -> int:
+        return sum(entry["slots"] for entry in self.node_table)
 
     def rank_ranges(self) -> dict[str, range]:
         return {
@@ -110,10 +114,7 @@ def plan_deepspeed(
             f"cluster.yaml's workdir ({cluster.workdir})",
             f"cd {cluster.workdir} first, or use the ssh backend",
         )
-    master_facts = facts.get(cluster.master, NodeFacts())
-    port, note = choose_master_port(
-        options.master_port or cluster.master_port, master_facts.listening
-    )
+    port, notes = master_port(cluster, facts, options)
     unset = sorted(k for k in launch_env if k.startswith(RUNNER_EXPORTS) and is_secret(k))
     table, first_rank, include = [], 0, []
     for node in cluster.nodes:
@@ -162,7 +163,6 @@ def plan_deepspeed(
         master=cluster.master,
         master_addr=master_addr,
         master_port=port,
-        world_size=first_rank,
         hostfile=hostfile,
         node_table=table,
         node_dir=node_dir,
@@ -171,14 +171,13 @@ def plan_deepspeed(
         env=runner_env,
         unset=unset,
         cwd=launch_cwd,
-        notes=[note] if note else [],
+        notes=notes,
     )
 
 
 def render_deepspeed(plan: DeepSpeedPlan) -> str:
     lines = [
-        f"backend deepspeed: {len(plan.node_table)} node(s), world size {plan.world_size}, "
-        f"master {plan.master} ({plan.master_addr}:{plan.master_port})",
+        head_line(plan),
         *plan.notes,
         "",
         f"on this machine, in {plan.cwd}:",

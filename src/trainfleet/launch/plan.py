@@ -18,8 +18,12 @@ import re
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from trainfleet.cluster import Cluster
+
+if TYPE_CHECKING:
+    from trainfleet.launch.deepspeed import DeepSpeedPlan
 
 FORWARDED = ("PATH", "LD_LIBRARY_PATH", "CUDA_HOME")
 FORWARDED_PREFIXES = ("HF_", "WANDB_", "TORCH_")
@@ -81,13 +85,16 @@ class LaunchPlan:
     master: str
     master_addr: str
     master_port: int
-    world_size: int
     nodes: list[NodePlan]
     notes: list[str] = field(default_factory=list)
     """What was filled in or changed (a busy master port moved), said to the user."""
 
     def rank_ranges(self) -> dict[str, range]:
         return {node.host: node.ranks() for node in self.nodes}
+
+    @property
+    def world_size(self) -> int:
+        return sum(node.slots for node in self.nodes)
 
 
 def is_secret(name: str) -> bool:
@@ -117,6 +124,23 @@ def choose_master_port(requested: int, listening: tuple[int, ...]) -> tuple[int,
                 f"using {port}"
             )
     return requested, f"master port {requested} is taken and no free port found: kept it"
+
+
+def master_port(
+    cluster: Cluster, facts: Mapping[str, NodeFacts], options: LaunchOptions
+) -> tuple[int, list[str]]:
+    """The port to use on the master (requested, or the first free one) and what to say."""
+    listening = facts.get(cluster.master, NodeFacts()).listening
+    port, note = choose_master_port(options.master_port or cluster.master_port, listening)
+    return port, [note] if note else []
+
+
+def head_line(plan: LaunchPlan | DeepSpeedPlan) -> str:
+    """First line of `--dry-run`, for either backend."""
+    return (
+        f"backend {plan.options.backend}: {len(plan.rank_ranges())} node(s), world size "
+        f"{plan.world_size}, master {plan.master} ({plan.master_addr}:{plan.master_port})"
+    )
 
 
 def node_env(
@@ -166,10 +190,7 @@ def plan_launch(
     launch_cwd: str,
 ) -> LaunchPlan:
     """The ssh-backend plan: torchrun on every node with its rank, size and environment."""
-    master_facts = facts.get(cluster.master, NodeFacts())
-    port, note = choose_master_port(
-        options.master_port or cluster.master_port, master_facts.listening
-    )
+    port, notes = master_port(cluster, facts, options)
     nodes = []
     first_rank = 0
     for node_rank, node in enumerate(cluster.nodes):
@@ -202,19 +223,14 @@ def plan_launch(
         master=cluster.master,
         master_addr=master_addr,
         master_port=port,
-        world_size=first_rank,
         nodes=nodes,
-        notes=[note] if note else [],
+        notes=notes,
     )
 
 
 def render_plan(plan: LaunchPlan) -> str:
     """`--dry-run`: per node, the exact argv and environment (secrets masked)."""
-    lines = [
-        f"backend {plan.options.backend}: {len(plan.nodes)} node(s), world size "
-        f"{plan.world_size}, master {plan.master} ({plan.master_addr}:{plan.master_port})",
-        *plan.notes,
-    ]
+    lines = [head_line(plan), *plan.notes]
     for node in plan.nodes:
         last = node.first_rank + node.slots - 1
         lines += [

@@ -129,7 +129,6 @@ class _Joins:
 
     world_size: int
     started: set = field(default_factory=set)
-    entered: set = field(default_factory=set)
     joined: set = field(default_factory=set)
     first_entered: float | None = None
 
@@ -137,7 +136,6 @@ class _Joins:
         if event == "started":
             self.started.add(rank)
         elif event == "entered":
-            self.entered.add(rank)
             self.first_entered = self.first_entered or now
         elif event == "joined":
             self.joined.add(rank)
