@@ -69,6 +69,7 @@ def _gloo_default(facts: dict) -> str:
 
 def node_summaries(survey: Survey) -> dict[str, dict]:
     summaries = {}
+    interfaces = chosen_interfaces(survey)
     for node in survey.cluster.nodes:
         host = node.host
         facts = survey.facts.get(host)
@@ -80,8 +81,8 @@ def node_summaries(survey: Survey) -> dict[str, dict]:
                 "failure": result.reason() if result else "not probed",
             }
             continue
-        ifaces = facts.get("interfaces") if isinstance(facts.get("interfaces"), list) else []
-        chosen = chosen_interfaces(survey)[host]
+        ifaces = netsel.ifaces_of(facts)
+        chosen = interfaces[host]
         summaries[host] = {
             "reachable": True,
             "hostname": facts.get("hostname"),

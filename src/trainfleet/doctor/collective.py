@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 import time
 
-from trainfleet.doctor import netsel
+from trainfleet.doctor.checks.network import chosen_interfaces
 from trainfleet.doctor.checks.software import node_versions
 from trainfleet.doctor.collect import EPHEMERAL_PORTS, Survey
 from trainfleet.doctor.findings import Finding, Severity
@@ -73,10 +73,9 @@ def run_collective(survey: Survey, rng: random.Random | None = None) -> tuple[li
     port = rng.randrange(*EPHEMERAL_PORTS)
     world = len(survey.cluster.nodes)
     argv = {}
+    chosen = chosen_interfaces(survey)  # the interface launch would set, pinned or routed
     for rank, node in enumerate(survey.cluster.nodes):
-        iface = node.interface or netsel.chosen_interface(
-            survey.facts[node.host], survey.master_addr
-        )
+        iface = chosen[node.host]
         env = [f"GLOO_SOCKET_IFNAME={iface}"] if iface else []
         argv[node.host] = [
             "env",

@@ -33,6 +33,12 @@ _VIRTUAL_PREFIXES = (
 )
 
 
+def ifaces_of(facts: dict) -> list[dict]:
+    """A node's interfaces from its fact sheet ([] when the probe could not list them)."""
+    found = facts.get("interfaces")
+    return found if isinstance(found, list) else []
+
+
 def usable(iface: dict) -> bool:
     return bool(iface.get("up")) and bool(iface.get("ipv4"))
 

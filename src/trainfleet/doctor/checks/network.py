@@ -15,11 +15,6 @@ from trainfleet.nodeset import fold_names
 LOOPBACK_PREFIXES = ("127.", "::1")
 
 
-def _ifaces(facts: dict) -> list[dict]:
-    found = facts.get("interfaces")
-    return found if isinstance(found, list) else []
-
-
 def chosen_interfaces(survey: Survey) -> dict[str, str | None]:
     """The interface trainfleet sets per node: the one pinned in cluster.yaml (`interface:`),
     else the one that routes to the master."""
@@ -55,6 +50,7 @@ def _allow_rule(facts: dict, subnet: str | None) -> str:
 def check_firewall(survey: Survey) -> list[Finding]:
     """A peer's connect to a port a probe listens on that does not get through."""
     master_port = str(survey.cluster.master_port)
+    chosen = chosen_interfaces(survey)
     blocked: dict[str, list[str]] = {}
     for src, facts in survey.facts.items():
         attempts = facts.get("active", {}).get("tcp_last_attempt", {})
@@ -86,7 +82,7 @@ def check_firewall(survey: Survey) -> list[Finding]:
             if master_port in ports_ok
             else ""
         )
-        subnet = netsel.subnet_of(chosen_interfaces(survey).get(dst), _ifaces(facts))
+        subnet = netsel.subnet_of(chosen.get(dst), netsel.ifaces_of(facts))
         rules = _firewall_rules(facts)
         findings.append(
             Finding(
@@ -144,11 +140,12 @@ def _multi_node(survey: Survey) -> bool:
 
 def check_hostnames(survey: Survey) -> list[Finding]:
     findings = []
+    chosen = chosen_interfaces(survey)
     for host, facts in survey.facts.items():
         name = facts.get("hostname", "")
         resolved = facts.get("resolve", {}).get(name, {})
         addresses = resolved.get("addresses", [])
-        chosen = chosen_interfaces(survey).get(host)
+        iface = chosen.get(host)
         if "error" in resolved:
             findings.append(
                 Finding(
@@ -171,7 +168,7 @@ def check_hostnames(survey: Survey) -> list[Finding]:
                         f"on {host}, its own name `{name}` resolves to {', '.join(addresses)}: "
                         "gloo binds there and peers get `Connection refused`"
                     ],
-                    fix=f"set GLOO_SOCKET_IFNAME={chosen or '<data interface>'} on {host}, or map "
+                    fix=f"set GLOO_SOCKET_IFNAME={iface or '<data interface>'} on {host}, or map "
                     f"`{name}` to its real address in {host}'s /etc/hosts",
                 )
             )
@@ -216,7 +213,7 @@ def check_interfaces(survey: Survey) -> list[Finding]:
     }
     gloo_counts: dict[str, int] = {}
     for host, facts in survey.facts.items():
-        ifaces = _ifaces(facts)
+        ifaces = netsel.ifaces_of(facts)
         have = ", ".join(i["name"] for i in ifaces if netsel.usable(i) and i["name"] != "lo")
         nccl = _configured(survey, host, "NCCL_SOCKET_IFNAME")
         if nccl and not netsel.nccl_matches(nccl[0], ifaces):
@@ -318,7 +315,7 @@ def check_mtu(survey: Survey) -> list[Finding]:
     chosen = chosen_interfaces(survey)
     mtus = {}
     for host, facts in survey.facts.items():
-        for iface in _ifaces(facts):
+        for iface in netsel.ifaces_of(facts):
             if iface["name"] == chosen.get(host):
                 mtus[host] = iface.get("mtu")
     if len(set(mtus.values())) <= 1:
