@@ -303,18 +303,17 @@ def imports(timeout, versions, dists):
             break  # read-only home: import without the cache
     try:
         code, out, err = run([sys.executable, "-c", IMPORT_SCRIPT], timeout=timeout)
-        if code == 0:
-            result = json.loads(out.strip().splitlines()[-1])
-        else:
-            result = {"import_error": (err.strip().splitlines() or ["exit %s" % code])[-1]}
-        if code == 0:
+        if code != 0:
+            return {"import_error": (err.strip().splitlines() or ["exit %s" % code])[-1]}
+        result = json.loads(out.strip().splitlines()[-1])
+        try:
             tmp = "%s.%d" % (cache, os.getpid())
             with open(tmp, "w") as f:
                 json.dump(result, f)
             os.replace(tmp, cache)
+        except OSError:
+            pass  # the cache only saves the next probe an import
         return result
-    except OSError:
-        return result if "result" in locals() else {"import_error": "cache write failed"}
     finally:
         try:
             os.unlink(lock)
@@ -672,7 +671,7 @@ def main(params):
         started + params.get("connect_timeout", 3) + 2 * params.get("skew", 2),
     )
     active["listen"] = listeners.status
-    active["listen_until"] = getattr(listeners, "closed_at", time.time())
+    active["listen_until"] = listeners.closed_at
     by_address = {p["address"]: p["node"] for p in peers}
     active["bandwidth_in"] = {
         by_address.get(addr, addr): {"bytes": n, "seconds": round(last - first, 4)}

@@ -20,7 +20,7 @@ from trainfleet.cluster import Cluster
 from trainfleet.doctor import collective, netsel
 from trainfleet.doctor.checks import run_checks
 from trainfleet.doctor.checks.network import LOOPBACK_PREFIXES, chosen_interfaces
-from trainfleet.doctor.checks.software import node_versions
+from trainfleet.doctor.checks.software import node_versions, python_missing
 from trainfleet.doctor.collect import Survey, collect
 from trainfleet.doctor.findings import Finding, Severity, merge
 from trainfleet.remote import Failure
@@ -115,9 +115,7 @@ def run_doctor(cluster: Cluster, *, quick: bool = False, seed: int | None = None
     problems = [
         f"{host}: the probe failed: {result.reason()}"
         for host, result in survey.failed.items()
-        if result.failure is Failure.COMMAND_FAILED
-        and result.returncode != 127
-        and "No such file or directory" not in result.stderr
+        if result.failure is Failure.COMMAND_FAILED and not python_missing(result)
     ]
     return DoctorReport(
         findings=findings,

@@ -86,11 +86,15 @@ def plan_params(
     run_id = f"{rng.getrandbits(48):012x}"
     ports = {n.host: rng.sample(range(*EPHEMERAL_PORTS), PORTS_PER_NODE) for n in cluster.nodes}
     master_port = cluster.master_port
+    listen = {
+        n.host: ports[n.host] + ([master_port] if n.host == cluster.master else [])
+        for n in cluster.nodes
+    }
     peers = [
         {
             "node": n.host,
             "address": addresses[n.host],
-            "ports": ports[n.host] + ([master_port] if n.host == cluster.master else []),
+            "ports": listen[n.host],
             "ssh_argv": None if quick else _peer_ssh_argv(n),
         }
         for n in cluster.nodes
@@ -101,14 +105,13 @@ def plan_params(
     successor = {h: ring[(i + 1) % len(ring)] for i, h in enumerate(ring)} if len(ring) > 2 else {}
     params = {}
     for node in cluster.nodes:
-        listen = ports[node.host] + ([master_port] if node.host == cluster.master else [])
         params[node.host] = {
             "node": node.host,
             "run_id": run_id,
             "master_name": cluster.master,
             "master_addr": addresses[cluster.master],
             "workdir": cluster.workdir or os.getcwd(),
-            "listen_ports": listen if multi else [],
+            "listen_ports": listen[node.host] if multi else [],
             "owner_ports": [master_port],
             "peers": [p for p in peers if p["address"]] if multi else [],
             "quick": quick,

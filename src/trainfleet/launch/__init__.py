@@ -27,6 +27,7 @@ from pathlib import Path
 
 from trainfleet.cluster import Cluster
 from trainfleet.doctor import DoctorReport, run_doctor
+from trainfleet.doctor.checks.network import listeners_besides_probe
 from trainfleet.doctor.findings import Severity
 from trainfleet.errors import TrainfleetError
 from trainfleet.launch import shim
@@ -86,9 +87,7 @@ def node_facts(report: DoctorReport) -> dict[str, NodeFacts]:
         if survey and host == survey.cluster.master:
             sheet = survey.facts.get(host, {})
             listening = {
-                e["port"]
-                for e in sheet.get("listening", [])
-                if e.get("pid") != sheet.get("pid") and isinstance(e.get("port"), int)
+                e["port"] for e in listeners_besides_probe(sheet) if isinstance(e.get("port"), int)
             }
             if any(f.id == "port-in-use" for f in report.findings):  # (doctor's own verdict)
                 listening.add(survey.cluster.master_port)

@@ -98,18 +98,19 @@ def check_firewall(survey: Survey) -> list[Finding]:
     return findings
 
 
+def listeners_besides_probe(facts: dict) -> list[dict]:
+    """The node's listening sockets, but for the probe's own test listeners (which hold the
+    master port and random ports while the facts are gathered)."""
+    return [e for e in facts.get("listening", []) if e.get("pid") != facts.get("pid")]
+
+
 def check_port_in_use(survey: Survey) -> list[Finding]:
     master = survey.cluster.master
     facts = survey.facts.get(master)
     if facts is None:
         return []
     port = survey.cluster.master_port
-    # The probe's own test listener holds the port while the facts are gathered.
-    holders = [
-        e
-        for e in facts.get("listening", [])
-        if e.get("port") == port and e.get("pid") != facts.get("pid")
-    ]
+    holders = [e for e in listeners_besides_probe(facts) if e.get("port") == port]
     bind = facts.get("active", {}).get("listen", {}).get(str(port), "")
     if not holders and "in use" not in bind:
         return []

@@ -11,7 +11,7 @@ from collections import Counter
 from trainfleet.doctor.collect import Survey
 from trainfleet.doctor.findings import Finding, Severity
 from trainfleet.nodeset import fold_names
-from trainfleet.remote import Failure
+from trainfleet.remote import Failure, NodeResult
 
 # Versions that must match for collectives to work at all; the others only warn.
 _MUST_MATCH = ("python", "torch", "nccl", "deepspeed")
@@ -25,11 +25,16 @@ NON_INTERACTIVE_FIX = (
 )
 
 
+def python_missing(result: NodeResult) -> bool:
+    """The probe could not start: the node's python is not there (a finding, not a crash)."""
+    missing = result.returncode == 127 or "No such file or directory" in result.stderr
+    return result.failure is Failure.COMMAND_FAILED and missing
+
+
 def check_paths(survey: Survey) -> list[Finding]:
     findings = []
     for host, result in survey.failed.items():
-        missing = result.returncode == 127 or "No such file or directory" in result.stderr
-        if result.failure is Failure.COMMAND_FAILED and missing:
+        if python_missing(result):
             node = survey.cluster.node(host)
             findings.append(
                 Finding(
