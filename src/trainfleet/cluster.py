@@ -402,7 +402,9 @@ def parse_cluster_yaml(text: str, source: str = "cluster.yaml") -> Cluster:
             source, doc.line_of("nodes"), "`nodes:` must be a non-empty list", _EXAMPLE_FIX
         )
 
-    default_slots = _check_int(doc.get("slots", 1), "slots", source, doc.line_of("slots"), 1, 4096)
+    default_slots = _check_int(
+        doc.get("slots", 1), "slots", source, doc.line_of("slots"), 1, MAX_SLOTS
+    )
     python = _check_pattern(
         doc.get("python", sys.executable), "python", _PATH_RE, source, doc.line_of("python")
     )
@@ -441,7 +443,7 @@ def parse_cluster_yaml(text: str, source: str = "cluster.yaml") -> Cluster:
             )
         seen[host] = raw.line_of("host")
         slots = _check_int(
-            raw.get("slots", default_slots), "slots", source, raw.line_of("slots"), 1, 4096
+            raw.get("slots", default_slots), "slots", source, raw.line_of("slots"), 1, MAX_SLOTS
         )
         interface = raw.get("interface")
         if interface is not None:

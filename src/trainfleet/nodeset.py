@@ -35,12 +35,10 @@ def _ranges(numbers: list[tuple[int, str]]) -> str:
 def fold_names(names: Iterable[str]) -> str:
     """One compact string for a set of names; order of first appearance per pattern."""
     groups: dict[tuple[str, str], list[tuple[int, str]]] = {}
-    singles: list[str] = []
     order: list[tuple[str, str] | str] = []
     for name in names:
         match = _NUMBERED.match(name)
         if not match or ":" in name:  # addresses with ':' stay whole
-            singles.append(name)
             order.append(name)
             continue
         key = (match.group(1), match.group(3))

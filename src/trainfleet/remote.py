@@ -177,10 +177,11 @@ def control_dir() -> Path:
     return path
 
 
-def ssh_base_argv(host: str, ssh: SshOptions, *, multiplex: bool = True) -> list[str]:
-    """`ssh ... host` without the remote command. User options first: OpenSSH keeps the first
-    value it sees for an option, so the user's settings win over trainfleet's defaults."""
-    argv = ["ssh"]
+def ssh_options(ssh: SshOptions, *, multiplex: bool = True) -> list[str]:
+    """The options of every ssh trainfleet runs (no `ssh`, no host). User options first:
+    OpenSSH keeps the first value it sees for an option, so the user's settings win over
+    trainfleet's defaults."""
+    argv = []
     if ssh.config_file:
         argv += ["-F", ssh.config_file]
     argv += list(ssh.options)
@@ -210,7 +211,12 @@ def ssh_base_argv(host: str, ssh: SshOptions, *, multiplex: bool = True) -> list
             f"-oControlPath={control_dir()}/%C",
             f"-oControlPersist={CONTROL_PERSIST_S}",
         ]
-    return [*argv, "--", host]
+    return argv
+
+
+def ssh_base_argv(host: str, ssh: SshOptions, *, multiplex: bool = True) -> list[str]:
+    """`ssh ... host` without the remote command."""
+    return ["ssh", *ssh_options(ssh, multiplex=multiplex), "--", host]
 
 
 def node_argv(node: Node, argv: Sequence[str], *, multiplex: bool = True) -> list[str]:
@@ -376,7 +382,8 @@ async def _ssh_hostname(node: Node) -> str:
     if node.is_local:
         return "127.0.0.1" if node.host == "localhost" else node.host
     proc = await asyncio.create_subprocess_exec(
-        *ssh_base_argv(node.host, node.ssh, multiplex=False)[:-2],
+        "ssh",
+        *ssh_options(node.ssh, multiplex=False),
         "-G",
         "--",
         node.host,
@@ -406,7 +413,7 @@ def close_connections(nodes: Sequence[Node]) -> None:
     """Ask the shared ssh connections to these nodes to exit (`ssh -O exit`), all at once."""
     procs = [
         subprocess.Popen(
-            [*ssh_base_argv(node.host, node.ssh)[:-2], "-O", "exit", "--", node.host],
+            ["ssh", *ssh_options(node.ssh), "-O", "exit", "--", node.host],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

@@ -61,6 +61,11 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def command_after_dashes(words: list[str]) -> list[str]:
+    """The command after `--` (argparse's REMAINDER keeps the `--` itself)."""
+    return words[1:] if words[:1] == ["--"] else list(words)
+
+
 def cluster_from_args(args: argparse.Namespace) -> Cluster:
     cluster = load_cluster(
         hostfile=args.hostfile,

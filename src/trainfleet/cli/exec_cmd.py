@@ -9,11 +9,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import threading
+from typing import TYPE_CHECKING
 
-from trainfleet.cli.common import CLUSTER_YAML_EXAMPLE, add_cluster_arguments, cluster_from_args
-from trainfleet.nodeset import fold_groups
-from trainfleet.remote import NodeResult, command_argv, run_on_nodes, worst_returncode
+from trainfleet.cli.common import (
+    CLUSTER_YAML_EXAMPLE,
+    add_cluster_arguments,
+    cluster_from_args,
+    command_after_dashes,
+)
+
+if TYPE_CHECKING:
+    from trainfleet.remote import NodeResult
 
 HELP = "run a command on every node"
 DESCRIPTION = """\
@@ -39,19 +45,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = CLUSTER_YAML_EXAMPLE
 
 
-class _LinePrinter:
-    """Prints `node: line` as lines arrive; one lock so lines from nodes never interleave."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-
-    def __call__(self, node: str, stream: str, line: str) -> None:
-        out = sys.stdout if stream == "stdout" else sys.stderr
-        with self._lock:
-            print(f"{node}: {line}", file=out, flush=True)
+def _print_line(node: str, stream: str, line: str) -> None:
+    """`node: line` as lines arrive (remote hands them over one at a time, from one thread)."""
+    print(f"{node}: {line}", file=sys.stdout if stream == "stdout" else sys.stderr, flush=True)
 
 
 def _print_folded(results: list[NodeResult]) -> None:
+    from trainfleet.nodeset import fold_groups
+
     outputs = {r.node: (r.stdout, r.stderr) for r in results if not r.failure.is_connection_failure}
     for names, (stdout, stderr) in fold_groups(outputs):
         for line in stdout.splitlines() or ([] if stderr else [""]):
@@ -61,6 +62,8 @@ def _print_folded(results: list[NodeResult]) -> None:
 
 
 def _print_summary(results: list[NodeResult]) -> None:
+    from trainfleet.nodeset import fold_groups
+
     failed = [r for r in results if not r.ok]
     if not failed:
         return
@@ -75,12 +78,13 @@ def _print_summary(results: list[NodeResult]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    words = args.command[1:] if args.command[:1] == ["--"] else args.command
-    argv = command_argv(words)
+    from trainfleet.remote import command_argv, run_on_nodes, worst_returncode
+
+    argv = command_argv(command_after_dashes(args.command))
     cluster = cluster_from_args(args)
     streaming = not (args.fold or args.json)
     results = run_on_nodes(
-        cluster.nodes, argv, timeout=args.timeout, on_line=_LinePrinter() if streaming else None
+        cluster.nodes, argv, timeout=args.timeout, on_line=_print_line if streaming else None
     )
     if args.json:
         print(json.dumps({"command": argv, "nodes": [r.to_json() for r in results]}, indent=2))

@@ -11,7 +11,12 @@ import json
 import sys
 from pathlib import Path
 
-from trainfleet.cli.common import CLUSTER_YAML_EXAMPLE, add_cluster_arguments, cluster_from_args
+from trainfleet.cli.common import (
+    CLUSTER_YAML_EXAMPLE,
+    add_cluster_arguments,
+    cluster_from_args,
+    command_after_dashes,
+)
 from trainfleet.errors import TrainfleetError
 
 HELP = "start a training script on every node (torchrun over ssh), fail fast, explain hangs"
@@ -78,9 +83,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _command(args: argparse.Namespace) -> tuple[str, ...]:
-    rest = list(args.command)
-    if rest and rest[0] == "--":
-        rest = rest[1:]
+    rest = command_after_dashes(args.command)
     if args.module:
         return ("-m", args.module, *rest)
     if not rest:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 
 from trainfleet import probe
 from trainfleet.cluster import Cluster, Node
-from trainfleet.remote import NodeResult, run_on_nodes, ssh_base_argv, ssh_hostnames
+from trainfleet.remote import NodeResult, run_on_nodes, ssh_hostnames, ssh_options
 
 EPHEMERAL_PORTS = (40000, 60000)
 """Where the test listeners go: inside Linux's default ip_local_port_range (32768-60999),
@@ -72,11 +72,10 @@ def node_addresses(cluster: Cluster) -> dict[str, str | None]:
 def _peer_ssh_argv(peer: Node) -> list[str]:
     # A connect timeout shorter than the probe's own limit for it, so that ssh reports why.
     timeout = min(peer.ssh.connect_timeout or PEER_SSH_TIMEOUT_S, PEER_SSH_TIMEOUT_S)
-    argv = ssh_base_argv(peer.host, replace(peer.ssh, connect_timeout=timeout), multiplex=False)
-    host = argv[-2:]  # ["--", host]
+    options = ssh_options(replace(peer.ssh, connect_timeout=timeout), multiplex=False)
     # Strict host keys: the N x N check must fail where a launcher's ssh would.
     # -N -v: the probe stops it at "Authenticated to"; no remote shell starts.
-    return [*argv[:-2], "-oStrictHostKeyChecking=yes", "-N", "-v", *host]
+    return ["ssh", *options, "-oStrictHostKeyChecking=yes", "-N", "-v", "--", peer.host]
 
 
 def plan_params(

@@ -38,7 +38,7 @@ from trainfleet.launch.plan import (
     master_port,
     node_env,
 )
-from trainfleet.remote import ssh_base_argv
+from trainfleet.remote import ssh_options
 
 RUNNER_EXPORTS = ("NCCL", "PYTHON", "UCX", "MV2", "MLFLOW")
 """What DeepSpeed's runner exports from its own environment to every node, on pdsh's command
@@ -81,7 +81,7 @@ class DeepSpeedPlan:
 
 def _pdsh_ssh_args(cluster: Cluster) -> str:
     """One set of ssh options for every node (pdsh takes one), without the host."""
-    per_node = {tuple(ssh_base_argv("HOST", n.ssh, multiplex=False)[1:-2]) for n in cluster.nodes}
+    per_node = {tuple(ssh_options(n.ssh, multiplex=False)) for n in cluster.nodes}
     if len(per_node) > 1:
         raise TrainfleetError(
             "the nodes have different ssh options, and pdsh (DeepSpeed's runner) takes one set",
