@@ -46,6 +46,9 @@ def test_clean_cluster_every_op_correct_no_slow_link_and_a_plot(make_sandbox, tm
     assert len(report["pairs"]["sendrecv"]) == 6 and len(report["pairs"]["tcp"]) == 6
     assert report["findings"] == []
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # A verdict was drawn against measured links (not the no-data fallback), results right.
+    assert report["verdict"].startswith(("PASS", "SHORTFALL")), report["verdict"]
+    assert "WRONG" not in report["verdict"] and report["links"]
     assert code == (0 if report["passed"] else 1)
 
 

@@ -69,7 +69,10 @@ def test_exec_timeout_exit_code(capsys):
 
 
 def test_exec_include_filters_nodes(capsys):
-    assert main(["exec", "--hosts", "localhost,127.0.0.1", "-i", "127.0.0.1", "--", "true"]) == 0
+    hosts = ["--json", "--hosts", "localhost,127.0.0.1"]
+    assert main(["exec", *hosts, "-i", "127.0.0.1", "--", "true"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [n["node"] for n in doc["nodes"]] == ["127.0.0.1"]
     assert (
         main(["exec", "--json", "--hosts", "localhost,127.0.0.1", "-e", "localhost", "--", "true"])
         == 0

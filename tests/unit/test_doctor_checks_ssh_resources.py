@@ -246,6 +246,11 @@ def test_clock_skew(survey):
 def test_resources_silent_on_the_recording(survey):
     started, finished = window()
     assert resources.check_clocks(survey, started, finished) == []
-    for check in (resources.check_gpus, resources.check_shm, resources.check_disk):
+    for check in (
+        resources.check_gpus,
+        resources.check_shm,
+        resources.check_disk,
+        resources.check_memlock,
+    ):
         assert check(survey) == []
     assert with_id(resources.check_shared_storage(survey), "shared-dir-missing") == []

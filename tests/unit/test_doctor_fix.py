@@ -168,6 +168,8 @@ def test_a_pinned_interface_that_is_not_the_route_to_the_master_is_a_warning(tmp
     findings = with_id(network.check_interfaces(survey), "iface-wrong")
     assert [(f.nodes, f.severity) for f in findings] == [((N2,), Severity.WARNING)]
     assert "pins interface ens9" in findings[0].evidence[0] and "ens14f1" in findings[0].fix
+    # The pin is what trainfleet sets there (and what the report says), not the route.
+    assert node_summaries(survey)[N2]["interface"] == "ens9"
 
 
 def test_what_fix_never_does_is_listed_with_the_reason(tmp_path):

@@ -100,6 +100,8 @@ def test_a_pinned_interface_wins_and_an_include_with_gpu_ids_sets_visible_device
     cluster = load_cluster(hostfile=str(hostfile), include="a:1,3@b")
     plan = _plan(cluster, facts={"a": NodeFacts(interface="eth1", gpus=4)})
     a, b = plan.nodes
+    assert a.env["GLOO_SOCKET_IFNAME"] == a.env["NCCL_SOCKET_IFNAME"] == "eth1"
+    assert "GLOO_SOCKET_IFNAME" not in b.env  # no interface known for b: none set
     assert (a.slots, a.env["CUDA_VISIBLE_DEVICES"]) == (2, "1,3")
     assert "CUDA_VISIBLE_DEVICES" not in b.env
     assert b.env["DS_ACCELERATOR"] == "cpu"  # nothing known about b's GPUs: treated as none
