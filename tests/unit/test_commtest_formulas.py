@@ -15,7 +15,6 @@ from trainfleet.commtest import CommtestOptions, build_report
 from trainfleet.commtest.formulas import (
     OPS,
     busbw,
-    parse_size,
     round_robin,
     sizes,
     slow_findings,
@@ -23,6 +22,7 @@ from trainfleet.commtest.formulas import (
 )
 from trainfleet.commtest.report import render
 from trainfleet.errors import TrainfleetError
+from trainfleet.units import parse_size
 
 pytestmark = pytest.mark.unit
 
@@ -51,7 +51,7 @@ def test_sizes_and_their_spelling():
         parse_size("1G") == 1 << 30 and parse_size("4096") == 4096 and parse_size("2MiB") == 2 << 20
     )
     assert sizes(1024, 1 << 20, 4) == [1024, 4096, 16384, 65536, 262144, 1048576]
-    for bad in ("1T", "", "x"):
+    for bad in ("1X", "", "x", "1.2.3G"):
         with pytest.raises(TrainfleetError, match="cannot read size"):
             parse_size(bad)
     with pytest.raises(TrainfleetError):

@@ -1,6 +1,6 @@
 """ZeRO model states per rank, predicted to the byte and measured on real DeepSpeed engines:
-3 local ranks over gloo on CPU (torchrun, DS_ACCELERATOR=cpu), ZeRO 1, 2 and 3, shapes whose
-sizes do not divide evenly, so that every padding rule shows."""
+3 local ranks over gloo on CPU (torchrun, DS_ACCELERATOR=cpu), ZeRO 0-3 in bf16 and 2-3 in fp32,
+shapes whose sizes do not divide evenly, so that every padding rule shows."""
 
 from __future__ import annotations
 
@@ -47,6 +47,7 @@ CASES = {
     ),
 }
 RANKS = 3
+STAGES = [(0, "bf16"), (1, "bf16"), (2, "bf16"), (3, "bf16"), (2, "fp32"), (3, "fp32")]
 
 
 def test_the_layout_rules():
@@ -89,8 +90,9 @@ def test_prediction_equals_what_real_zero_engines_hold_to_the_byte():
     measured = json.loads(lines[0][len("RESULT ") :])
     for name, (family, kwargs) in CASES.items():
         numels = ModelShape.from_config({"model_type": family, **kwargs}, name).parameter_numels()
-        for stage in (1, 2, 3):
-            predicted = zero_model_states(numels, stage=stage, ranks=RANKS)
-            got = measured[f"{name}/{stage}"]
+        for stage, precision in STAGES:
+            param_bytes = 2 if precision == "bf16" else 4
+            predicted = zero_model_states(numels, stage=stage, ranks=RANKS, param_bytes=param_bytes)
+            got = measured[f"{name}/{stage}/{precision}"]
             want = [predicted.params_bytes, predicted.master_bytes, predicted.optimizer_bytes]
-            assert got == want, (name, stage)
+            assert got == want, (name, stage, precision)

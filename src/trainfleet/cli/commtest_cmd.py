@@ -50,9 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from trainfleet.commtest import CommtestOptions, run_commtest
-    from trainfleet.commtest.formulas import parse_size
     from trainfleet.commtest.report import plot, render
     from trainfleet.errors import TrainfleetError
+    from trainfleet.units import parse_size
 
     options = CommtestOptions(
         ops=tuple(op.strip() for op in args.ops.split(",") if op.strip()),

@@ -3,8 +3,6 @@ schedule, and the verdicts drawn from the numbers.
 
     >>> busbw("all_reduce", algbw=10.0, ranks=8)
     17.5
-    >>> parse_size("1G"), parse_size("64K")
-    (1073741824, 65536)
     >>> round_robin(["a", "b", "c", "d"])
     [[('a', 'd'), ('b', 'c')], [('a', 'c'), ('d', 'b')], [('a', 'b'), ('c', 'd')]]
 
@@ -15,7 +13,6 @@ the factor making busbw comparable to the hardware's bottleneck bandwidth.
 
 from __future__ import annotations
 
-import re
 import statistics
 from collections.abc import Sequence
 
@@ -23,7 +20,6 @@ from trainfleet.doctor.findings import Finding, Severity
 from trainfleet.errors import TrainfleetError
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "sendrecv")
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 SLOW_FRACTION = 0.25
 """A pair slower than this fraction of the median of the other pairs is slow."""
 RESULT_MARK = "@@trainfleet-commtest "
@@ -45,14 +41,6 @@ def busbw_factor(op: str, ranks: int) -> float:
 
 def busbw(op: str, *, algbw: float, ranks: int) -> float:
     return algbw * busbw_factor(op, ranks)
-
-
-def parse_size(text: str) -> int:
-    """`1K`, `64M`, `1G`, `4096` (binary units, as nccl-tests' -b/-e)."""
-    match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(?:i?B)?\s*", text, re.IGNORECASE)
-    if not match:
-        raise TrainfleetError(f"cannot read size {text!r}", "write it like 1K, 64M or 1G")
-    return int(match.group(1)) * _UNITS[match.group(2).upper()]
 
 
 def sizes(min_bytes: int, max_bytes: int, factor: int) -> list[int]:

@@ -1,6 +1,7 @@
 """Run under torchrun with DS_ACCELERATOR=cpu: builds small models, puts each through a real
-DeepSpeed ZeRO-1/2/3 engine (bf16, AdamW) for one step, and prints, from rank 0, the bytes the
-engine holds per rank: its 16-bit params, fp32 master partition and optimizer states."""
+DeepSpeed ZeRO-0/1/2/3 engine (bf16, and fp32 for 2 and 3; AdamW) for one step, and prints,
+from rank 0, the bytes the engine holds per rank: its params, fp32 master partition and
+optimizer states."""
 
 import json
 import sys
@@ -16,7 +17,10 @@ def held(engine, stage):
     def size(t):
         return t.numel() * t.element_size()
 
-    if stage == 3:
+    if stage == 0:
+        bit16 = sum(size(t) for t in opt.fp16_groups_flat)
+        master = sum(size(t) for t in opt.fp32_groups_flat)
+    elif stage == 3:
         bit16 = sum(size(t) for t in opt.fp16_partitioned_groups_flat)
         master = sum(size(t) for t in opt.fp32_partitioned_groups_flat)
     else:
@@ -31,15 +35,18 @@ def held(engine, stage):
     return [bit16, master, states]
 
 
+STAGES = [(0, "bf16"), (1, "bf16"), (2, "bf16"), (3, "bf16"), (2, "fp32"), (3, "fp32")]
+
+
 def main(cases):
     deepspeed.init_distributed("gloo")
     out = {}
     for name, (family, kwargs) in cases.items():
         config = AutoConfig.for_model(family, **kwargs)
-        for stage in (1, 2, 3):
+        for stage, precision in STAGES:
             ds = {
                 "train_micro_batch_size_per_gpu": 1,
-                "bf16": {"enabled": True},
+                "bf16": {"enabled": precision == "bf16"},
                 "zero_optimization": {"stage": stage},
                 "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
                 "zero_force_ds_cpu_optimizer": False,
@@ -55,7 +62,7 @@ def main(cases):
             tokens = torch.randint(0, config.vocab_size, (1, 8))
             engine.backward(engine(input_ids=tokens, labels=tokens).loss)
             engine.step()
-            out[f"{name}/{stage}"] = held(engine, stage)
+            out[f"{name}/{stage}/{precision}"] = held(engine, stage)
             engine.destroy()
     if torch.distributed.get_rank() == 0:
         print("RESULT " + json.dumps(out), flush=True)
