@@ -10,6 +10,7 @@ SYSPKGS   := openssh-server openssh-client iproute2 iptables pdsh procps
 TORCH_PIN ?= torch==2.13.0
 DEEPSPEED_PIN ?= deepspeed==0.19.8
 TRANSFORMERS_PIN ?= transformers==5.23.0
+ACCELERATE_PIN ?= accelerate==1.15.0
 
 .PHONY: all venv system demo test test-unit test-cluster lint format bench clean
 
@@ -22,8 +23,9 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install -q -e ".[dev]"
 	# The launch tests run DeepSpeed's real runner (the version verified here, see DESIGN.md).
 	$(BIN)/pip install -q "$(DEEPSPEED_PIN)"
-	# The planner's counts are checked against transformers' own models (meta device).
-	$(BIN)/pip install -q "$(TRANSFORMERS_PIN)"
+	# The planner's counts are checked against transformers' own models (meta device);
+	# HfDeepSpeedConfig (zero.Init while loading) needs accelerate.
+	$(BIN)/pip install -q "$(TRANSFORMERS_PIN)" "$(ACCELERATE_PIN)"
 	touch $@
 
 venv: $(STAMP)
