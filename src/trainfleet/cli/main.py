@@ -18,7 +18,14 @@ from collections.abc import Sequence
 from types import ModuleType
 
 from trainfleet import __version__
-from trainfleet.cli import commtest_cmd, doctor_cmd, exec_cmd, launch_cmd, sandbox_cmd
+from trainfleet.cli import (
+    commtest_cmd,
+    doctor_cmd,
+    exec_cmd,
+    launch_cmd,
+    plan_cmd,
+    sandbox_cmd,
+)
 from trainfleet.errors import TrainfleetError
 
 COMMANDS: dict[str, ModuleType] = {
@@ -26,6 +33,7 @@ COMMANDS: dict[str, ModuleType] = {
     "doctor": doctor_cmd,
     "exec": exec_cmd,
     "launch": launch_cmd,
+    "plan": plan_cmd,
     "sandbox": sandbox_cmd,
 }
 

@@ -52,6 +52,8 @@ class ModelShape:
     qkv_bias: bool
     o_bias: bool
     mlp_bias: bool
+    checkpoint_dtype: str | None = None
+    """config.json's `torch_dtype` (`dtype` in transformers 5): what the weights are saved in."""
     source: str = "<config>"
 
     @classmethod
@@ -85,6 +87,7 @@ class ModelShape:
             qkv_bias=family in _QKV_BIAS_ALWAYS or attention_bias,
             o_bias=attention_bias,
             mlp_bias=bool(config.get("mlp_bias", False)),
+            checkpoint_dtype=config.get("dtype") or config.get("torch_dtype"),
             source=source,
         )
 
@@ -163,3 +166,12 @@ class ModelShape:
             self.intermediate_size * h,
         ]
         return max([self.embedding_params(), *projections])
+
+
+def weights_on_disk(path: str | Path) -> int | None:
+    """Bytes of a model directory's weight files; None for a bare config.json."""
+    path = Path(path)
+    if not path.is_dir():
+        return None
+    files = [f for pattern in ("*.safetensors", "*.bin", "*.pt") for f in path.glob(pattern)]
+    return sum(f.stat().st_size for f in files) or None

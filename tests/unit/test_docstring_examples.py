@@ -1,0 +1,34 @@
+"""The runnable examples that open the pure modules' docstrings still run and print what they
+say (STYLE.md: each module opens with a short runnable example)."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+MODULES = [
+    "trainfleet.units",
+    "trainfleet.plan",
+    "trainfleet.plan.activations",
+    "trainfleet.plan.cpu_memory",
+    "trainfleet.plan.deepspeed_estimates",
+    "trainfleet.plan.ds_config",
+    "trainfleet.plan.hardware",
+    "trainfleet.plan.memory",
+    "trainfleet.plan.model",
+    "trainfleet.plan.search",
+    "trainfleet.plan.speed",
+    "trainfleet.plan.zero",
+    "trainfleet.commtest.formulas",
+]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_module_examples_run(name):
+    module = importlib.import_module(name)
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0, name
