@@ -55,12 +55,12 @@ test-cluster: $(STAMP) $(SYSSTAMP)
 	$(BIN)/python -m pytest -q -m cluster tests
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check src tests bench examples
+	$(BIN)/ruff format --check src tests bench examples
 
 format: $(STAMP)
-	$(BIN)/ruff format src tests bench
-	$(BIN)/ruff check --fix src tests bench
+	$(BIN)/ruff format src tests bench examples
+	$(BIN)/ruff check --fix src tests bench examples
 
 bench: $(STAMP) $(SYSSTAMP)
 	$(BIN)/python bench/exec_fanout.py

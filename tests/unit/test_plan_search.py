@@ -161,6 +161,15 @@ def test_plan_command_table_and_bad_input(tmp_path, capsys):
     assert "no such file" in capsys.readouterr().err
     assert main(["plan", "--model", model, "--gpu", "Z9"]) == 1
     assert "not in the planner's table" in capsys.readouterr().err
+    for flags, message in (
+        (["--headroom", "1.5"], "headroom"),
+        (["--mfu", "0"], "mfu"),
+        (["--nodes", "0"], "both must be at least 1"),
+        (["--global-batch", "12"], "not a multiple of micro batch 1 x 8 GPUs"),
+        (["--gpu-memory", "lots"], "cannot read size"),
+    ):
+        assert main(["plan", "--model", model, *flags]) == 1
+        assert message in capsys.readouterr().err
     bad = tmp_path / "commtest.json"
     bad.write_text("{}")
     assert main(["plan", "--model", model, "--commtest", str(bad)]) == 1
@@ -179,3 +188,12 @@ def test_plan_reads_busbw_from_a_commtest_report(tmp_path, capsys):
     data = json.loads(capsys.readouterr().out)
     assert data["target"]["assumed"]["busbw"] == 7.5e9
     assert data["busbw_source"].startswith("measured by commtest")
+
+
+def test_plan_takes_nodes_and_gpus_from_the_cluster_spec(capsys):
+    model = str(CONFIGS / "llama-3.1-8b.json")
+    assert main(["plan", "--model", model, "--hosts", "a:4,b:4,c:4", "--json"]) == 0
+    target = json.loads(capsys.readouterr().out)["target"]
+    assert (target["nodes"], target["gpus_per_node"]) == (3, 4)
+    assert main(["plan", "--model", model, "--hosts", "a:4,b:8"]) == 1
+    assert "different slot counts ([4, 8])" in capsys.readouterr().err

@@ -49,6 +49,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--commtest", metavar="FILE", help="`trainfleet commtest --json` output: its busbw"
     )
     where.add_argument("--mfu", type=float, default=0.4, help="assumed utilisation (0.4)")
+    where.add_argument(
+        "--headroom",
+        type=float,
+        default=0.1,
+        help="fraction of GPU memory to keep free (0.1: the GPU-side terms are not yet"
+        " measured on a GPU by this project)",
+    )
     train = parser.add_argument_group("training config (the one asked about)")
     train.add_argument("--seq-len", type=int, default=4096)
     train.add_argument("--micro-batch", type=int, default=1)
@@ -108,12 +115,12 @@ def run(args: argparse.Namespace) -> int:
                 f"the cluster's nodes have different slot counts ({sorted(slots)})",
                 "ZeRO needs the same GPUs per node: pass --gpus-per-node",
             )
-        nodes = nodes or len(cluster.nodes)
-        gpus_per_node = gpus_per_node or slots.pop()
-    if not nodes:
+        nodes = len(cluster.nodes) if nodes is None else nodes
+        gpus_per_node = slots.pop() if gpus_per_node is None else gpus_per_node
+    if nodes is None:
         nodes = 1
         defaults.append("--nodes 1")
-    if not gpus_per_node:
+    if gpus_per_node is None:
         gpus_per_node = 8
         defaults.append("--gpus-per-node 8")
     if not (args.gpu or (args.gpu_memory and args.gpu_tflops)):
@@ -125,6 +132,7 @@ def run(args: argparse.Namespace) -> int:
         gpus_per_node=gpus_per_node,
         gpu_memory_bytes=parse_size(args.gpu_memory) if args.gpu_memory else gpu.memory_bytes,
         cpu_memory_bytes=parse_size(args.cpu_memory) if args.cpu_memory else None,
+        headroom=args.headroom,
         links=Links(
             peak_flops=args.gpu_tflops * 1e12 if args.gpu_tflops else gpu.peak_flops,
             busbw=busbw,
@@ -141,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
         lora_rank=args.lora_rank,
     )
     global_batch = args.global_batch
-    if not global_batch:
+    if global_batch is None:
         global_batch = target.ranks * max(8, args.micro_batch)
         defaults.append(f"--global-batch {global_batch}")
     shape = ModelShape.from_path(args.model)

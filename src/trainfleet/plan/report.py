@@ -45,7 +45,8 @@ def render(plan: Plan, *, disk_bytes: int | None = None) -> str:
         f"model    {shape.source}: {shape.family}, {shape.total_params():,} params"
         f" (largest module {shape.largest_module_params():,}){disk}",
         f"cluster  {target.nodes} node(s) x {target.gpus_per_node} GPU(s) of"
-        f" {gib(target.gpu_memory_bytes)}, {links.peak_flops / 1e12:.0f} TFLOP/s bf16{cpu_memory}",
+        f" {gib(target.gpu_memory_bytes)} ({target.headroom:.0%} kept free),"
+        f" {links.peak_flops / 1e12:.0f} TFLOP/s bf16{cpu_memory}",
         f"config   {_config_line(plan, req)}",
         "",
         f"{'per GPU':<34} {'trainfleet':>12}",
@@ -116,6 +117,7 @@ def to_json(plan: Plan, *, disk_bytes: int | None = None) -> dict[str, Any]:
             "nodes": plan.target.nodes,
             "gpus_per_node": plan.target.gpus_per_node,
             "gpu_memory_bytes": plan.target.gpu_memory_bytes,
+            "headroom": plan.target.headroom,
             "cpu_memory_bytes": plan.target.cpu_memory_bytes,
             "assumed": asdict(plan.target.links),
         },

@@ -43,10 +43,24 @@ class Target:
     cpu_memory_bytes: int | None
     """Per node; None: not checked."""
     links: Links
+    headroom: float = 0.0
+    """Fraction of each GPU's memory a config must leave free to count as fitting."""
 
     @property
     def ranks(self) -> int:
         return self.nodes * self.gpus_per_node
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1 or self.gpus_per_node < 1:
+            raise TrainfleetError(
+                f"{self.nodes} node(s) x {self.gpus_per_node} GPU(s)", "both must be at least 1"
+            )
+        if not 0 <= self.headroom < 1:
+            raise TrainfleetError(f"headroom {self.headroom}", "a fraction: 0 <= headroom < 1")
+
+    @property
+    def usable_gpu_bytes(self) -> int:
+        return int(self.gpu_memory_bytes * (1 - self.headroom))
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -89,7 +103,7 @@ def evaluate(
         gpus_per_node=target.gpus_per_node,
         global_batch=global_batch,
     )
-    fits = gpu.total_bytes <= target.gpu_memory_bytes and (
+    fits = gpu.total_bytes <= target.usable_gpu_bytes and (
         target.cpu_memory_bytes is None or cpu.cpu_peak_bytes <= target.cpu_memory_bytes
     )
     return Candidate(setup=setup, gpu=gpu, cpu=cpu, time=time, fits=fits)
@@ -144,7 +158,7 @@ def _limit(candidate: Candidate) -> str:
 def explain(candidate: Candidate, best: Candidate | None, target: Target) -> str:
     gpu, cpu = candidate.gpu, candidate.cpu
     if not candidate.fits:
-        if gpu.total_bytes > target.gpu_memory_bytes:
+        if gpu.total_bytes > target.usable_gpu_bytes:
             terms = {
                 "params": gpu.params_bytes,
                 "grads": gpu.grads_bytes,
@@ -154,16 +168,17 @@ def explain(candidate: Candidate, best: Candidate | None, target: Target) -> str
                 "buffers": gpu.buffers_bytes,
             }
             biggest = max(terms, key=terms.__getitem__)
+            headroom = f" ({target.headroom:.0%} kept free)" if target.headroom else ""
             return (
-                f"does not fit: {gib(gpu.total_bytes)} per GPU > {gib(target.gpu_memory_bytes)}"
-                f" ({biggest} {gib(terms[biggest])})"
+                f"does not fit: {gib(gpu.total_bytes)} per GPU > {gib(target.usable_gpu_bytes)}"
+                f"{headroom}; {biggest} {gib(terms[biggest])}"
             )
         return (
             f"does not fit: {gib(cpu.cpu_peak_bytes)} CPU RAM per node"
             f" > {gib(target.cpu_memory_bytes or 0)}"
         )
-    spare = gib(target.gpu_memory_bytes - gpu.total_bytes)
+    spare = gib(target.usable_gpu_bytes - gpu.total_bytes)
     if best is None or candidate.setup == best.setup:
-        return f"fastest that fits ({spare} spare per GPU); {_limit(candidate)}"
+        return f"fastest that fits ({spare} to spare per GPU); {_limit(candidate)}"
     ratio = candidate.time.step_s / best.time.step_s
     return f"{ratio:.2f}x the best's step time; {_limit(candidate)}"

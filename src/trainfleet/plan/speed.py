@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from trainfleet.errors import TrainfleetError
 from trainfleet.plan.memory import TrainSetup, lora_numels
 from trainfleet.plan.model import ModelShape
 from trainfleet.plan.zero import partition_elements
@@ -55,6 +56,13 @@ class Links:
     """Host <-> GPU bytes/s per GPU (PCIe 4 x16 in practice)."""
     cpu_adam_rate: float = 1e9
     """Parameter updates/s per node by DeepSpeed's CPU-Adam (assumed, not measured here)."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.mfu <= 1:
+            raise TrainfleetError(f"mfu {self.mfu}", "a fraction of peak: 0 < mfu <= 1")
+        for name in ("peak_flops", "busbw", "pcie", "cpu_adam_rate"):
+            if getattr(self, name) <= 0:
+                raise TrainfleetError(f"{name} must be positive", "")
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
