@@ -31,14 +31,10 @@ The plain loads map the whole file on every rank (RssFile), one copy in the node
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from torchrun_result import torchrun_result
 
 from trainfleet.errors import TrainfleetError
 from trainfleet.plan.cpu_memory import loading_peak_bytes, node_loading_peak_bytes
@@ -104,35 +100,10 @@ def test_the_terms():
         loading_peak_bytes(LLAMA_7B, ranks=8, zero_init=True, zero_params_on="nvme")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _load(model_dir: Path, mode: str, dtype: str) -> list[dict]:
-    script = Path(__file__).parent / "scripts" / "load_rss.py"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            f"--nproc-per-node={RANKS}",
-            "--master-addr=127.0.0.1",
-            f"--master-port={_free_port()}",
-            str(script),
-            str(model_dir),
-            mode,
-            dtype,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, **ENV},
+    ranks = torchrun_result(
+        "load_rss.py", [str(model_dir), mode, dtype], ranks=RANKS, env=ENV, timeout=300
     )
-    lines = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
-    assert done.returncode == 0 and lines, done.stderr[-3000:]
-    ranks = json.loads(lines[0][len("RESULT ") :])
     assert [r["rank"] for r in ranks] == list(range(RANKS))
     assert all(r["samples"] >= 5 for r in ranks), ranks  # the sampler ran during the load
     return ranks

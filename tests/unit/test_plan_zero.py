@@ -6,13 +6,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import socket
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from torchrun_result import torchrun_result
 
 from trainfleet.errors import TrainfleetError
 from trainfleet.plan.model import ModelShape
@@ -65,29 +61,12 @@ def test_the_layout_rules():
     reason="needs deepspeed and transformers (make venv installs them)",
 )
 def test_prediction_equals_what_real_zero_engines_hold_to_the_byte():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    script = Path(__file__).parent / "scripts" / "zero_states.py"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            f"--nproc-per-node={RANKS}",
-            "--master-addr=127.0.0.1",
-            f"--master-port={port}",
-            str(script),
-            json.dumps(CASES),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"},
+    measured = torchrun_result(
+        "zero_states.py",
+        [json.dumps(CASES)],
+        ranks=RANKS,
+        env={"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"},
     )
-    lines = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
-    assert done.returncode == 0 and lines, done.stderr[-3000:]
-    measured = json.loads(lines[0][len("RESULT ") :])
     for name, (family, kwargs) in CASES.items():
         numels = ModelShape.from_config({"model_type": family, **kwargs}, name).parameter_numels()
         for stage, precision in STAGES:

@@ -66,6 +66,10 @@ def main(cases):
             engine.destroy()
     if torch.distributed.get_rank() == 0:
         print("RESULT " + json.dumps(out), flush=True)
+    # Without this, a rank can abort at exit after ZeRO-3 on gloo ("terminate called without
+    # an active exception", exit -6), which torchrun reports as a failure.
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
