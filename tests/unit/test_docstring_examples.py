@@ -15,7 +15,7 @@ MODULES = [
     "trainfleet.plan",
     "trainfleet.plan.activations",
     "trainfleet.plan.cpu_memory",
-    "trainfleet.plan.deepspeed_estimates",
+    "trainfleet.plan.estimators",
     "trainfleet.plan.ds_config",
     "trainfleet.plan.hardware",
     "trainfleet.plan.memory",

@@ -11,7 +11,7 @@ import pytest
 
 from trainfleet.errors import TrainfleetError
 from trainfleet.plan import activations
-from trainfleet.plan.deepspeed_estimates import zero2_model_states, zero3_model_states
+from trainfleet.plan.estimators import zero2_model_states, zero3_model_states
 from trainfleet.plan.memory import (
     CONTEXT_BYTES,
     PROCESS_BYTES,

@@ -1,5 +1,6 @@
 """Parameter counts from configs (exact, checked against transformers' own models built on the
-meta device), and DeepSpeed's estimators reproduced (checked against DeepSpeed's functions)."""
+meta device), and DeepSpeed's and Accelerate's estimators reproduced (checked against their
+own functions)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,11 @@ import sys
 import pytest
 
 from trainfleet.errors import TrainfleetError
-from trainfleet.plan.deepspeed_estimates import zero2_model_states, zero3_model_states
+from trainfleet.plan.estimators import (
+    accelerate_training_bytes,
+    zero2_model_states,
+    zero3_model_states,
+)
 from trainfleet.plan.model import ModelShape
 
 pytestmark = pytest.mark.unit
@@ -213,3 +218,15 @@ def test_reproduction_equals_deepspeeds_own_functions():
                 zero_init=zero_init,
             )
         assert list(got) == want, (kind, p, g, n, opt, params, zero_init)
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("accelerate") is None, reason="accelerate is not installed"
+)
+def test_accelerate_reproduction_equals_accelerates_own_function():
+    from accelerate.commands.estimate import estimate_training_usage
+
+    for params in (1_234_567, 8_030_261_248):
+        for ours, theirs in (("fp32", "float32"), ("bf16", "bfloat16"), ("fp16", "float16")):
+            sizes = estimate_training_usage(4 * params, theirs)
+            assert accelerate_training_bytes(params, ours) == max(sizes.values()), (params, ours)

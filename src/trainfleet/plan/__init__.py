@@ -16,14 +16,18 @@ DeepSpeed's own estimate, and the configs that fit ranked by estimated step time
 Modules: `model` (parameter counts from config.json), `zero` (model states to the byte),
 `activations` (saved-for-backward bytes per layer, logits), `cpu_memory` (host RAM while
 loading), `memory` (the per-GPU and per-node sums), `speed` (step time), `search` (the ranked
-configs), `deepspeed_estimates` (DeepSpeed's own estimators), `ds_config` (the JSON to run).
+configs), `estimators` (DeepSpeed's and Accelerate's estimators), `ds_config` (the JSON to run).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainfleet.plan.deepspeed_estimates import zero2_model_states, zero3_model_states
+from trainfleet.plan.estimators import (
+    accelerate_training_bytes,
+    zero2_model_states,
+    zero3_model_states,
+)
 from trainfleet.plan.memory import TrainSetup
 from trainfleet.plan.model import ModelShape
 from trainfleet.plan.search import Candidate, Target, check_global_batch, evaluate, explain, search
@@ -41,6 +45,8 @@ class Plan:
     deepspeed_estimate: tuple[float, float] | None
     """DeepSpeed's estimator for the requested stage and offload: (CPU bytes per node, GPU
     bytes per GPU); None for ZeRO-0/1, which it has no estimator for."""
+    accelerate_estimate: int
+    """`accelerate estimate-memory`'s training figure: the whole model on one GPU."""
 
     @property
     def best(self) -> Candidate | None:
@@ -90,4 +96,5 @@ def make_plan(shape: ModelShape, setup: TrainSetup, target: Target, *, global_ba
         ),
         ranked=ranked,
         deepspeed_estimate=deepspeed_estimate(shape, setup, target),
+        accelerate_estimate=accelerate_training_bytes(shape.total_params(), setup.precision),
     )

@@ -1,4 +1,4 @@
-"""DeepSpeed's own model-state estimators, reproduced to print beside trainfleet's figures.
+"""DeepSpeed's and Accelerate's own estimators, reproduced to print beside trainfleet's figures.
 
     >>> cpu, gpu = zero3_model_states(2_851_598_336, 32_899_072, gpus_per_node=8, nodes=1,
     ...     offload_optimizer=False, offload_params=False, zero_init=True)
@@ -11,6 +11,14 @@ returned as (cpu_bytes_per_node, gpu_bytes_per_gpu); a unit test compares them w
 functions. They count params, gradients and optimizer states only: no activations, logits,
 buffers, CUDA context or fragmentation, and their ZeRO-2 offload CPU term uses the total GPU
 count where the docs say per node.
+
+Accelerate's `accelerate estimate-memory` "Training using Adam" column
+(`estimate_training_usage` in accelerate/commands/estimate.py): the largest of its model,
+gradients, optimizer and step figures for the whole unsharded model, from the fp32 size:
+16 bytes per param in fp32, 8 in fp16/bf16. No sharding, batch, activations or CPU.
+
+    >>> accelerate_training_bytes(1_000_000, "bf16")
+    8000000
 """
 
 from __future__ import annotations
@@ -58,3 +66,13 @@ def zero3_model_states(
         gpu = largest_layer_memory + int(18 * params / total_gpus)
         cpu = (largest_layer if zero_init else params) * 4 * gpus_per_node * BUFFER_FACTOR
     return int(cpu), int(gpu)  # as DeepSpeed rounds them
+
+
+def accelerate_training_bytes(params: int, precision: str) -> int:
+    """Accelerate's "Training using Adam" for a model of `params` parameters, any GPU count."""
+    fp32 = 4 * params
+    if precision == "fp32":
+        sizes = (fp32, fp32, 2 * fp32, 4 * fp32)  # model, gradients, optimizer, step
+    else:
+        sizes = (fp32, fp32 + fp32 // 2, 2 * fp32, 2 * fp32)
+    return max(sizes)

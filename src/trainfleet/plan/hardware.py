@@ -1,5 +1,5 @@
-"""What the planner assumes about the hardware: GPU memory and dense 16-bit peak FLOP/s by name,
-and the link speeds collectives see.
+"""What the planner knows about GPUs by name: memory and dense 16-bit peak FLOP/s (link speeds
+are `speed.Links`).
 
     >>> GPUS["H20"].memory_bytes // 2**30, GPUS["H20"].peak_flops / 1e12
     (96, 148.0)

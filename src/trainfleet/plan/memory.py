@@ -187,7 +187,8 @@ def model_states(shape: ModelShape, setup: TrainSetup, *, ranks: int) -> ModelSt
     )
 
 
-def _trainable_numels(shape: ModelShape, setup: TrainSetup) -> list[int]:
+def trainable_numels(shape: ModelShape, setup: TrainSetup) -> list[int]:
+    """The tensors the optimizer updates: every param, or LoRA's adapters."""
     if setup.lora_rank:
         return lora_numels(shape, setup.lora_rank)
     return shape.parameter_numels()
@@ -196,7 +197,7 @@ def _trainable_numels(shape: ModelShape, setup: TrainSetup) -> list[int]:
 def gpu_memory(shape: ModelShape, setup: TrainSetup, *, ranks: int) -> GpuMemory:
     h = shape.hidden_size
     grad_bytes = setup.param_bytes
-    trainable = _trainable_numels(shape, setup)
+    trainable = trainable_numels(shape, setup)
     elements, partition = partition_elements(trainable, stage=setup.zero, ranks=ranks)
     states = model_states(shape, setup, ranks=ranks)
     offloaded = setup.offload != "none"
@@ -269,9 +270,7 @@ def cpu_memory_per_node(
     runtime. The page cache holding the mmap'd checkpoint is not counted: the kernel drops it
     under pressure."""
     states = model_states(shape, setup, ranks=ranks)
-    _, partition = partition_elements(
-        _trainable_numels(shape, setup), stage=setup.zero, ranks=ranks
-    )
+    _, partition = partition_elements(trainable_numels(shape, setup), stage=setup.zero, ranks=ranks)
     per_rank = states.cpu_bytes + (partition * 4 if setup.offload != "none" else 0)
     loading = {
         zero_init: cpu_memory.node_loading_peak_bytes(

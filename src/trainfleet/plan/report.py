@@ -56,6 +56,7 @@ def render(plan: Plan, *, disk_bytes: int | None = None) -> str:
     estimate = plan.deepspeed_estimate
     ds_gpu = f"   DeepSpeed's estimator: {gib(estimate[1])}" if estimate else ""
     lines.append(f"  {'peak':<32} {gib(req.gpu.total_bytes):>12}{ds_gpu}")
+    lines.append(f"  {'':<32} {'':>12}   Accelerate's (unsharded): {gib(plan.accelerate_estimate)}")
     zero_init = "with zero.Init" if req.setup.zero == 3 else "no zero.Init (ZeRO < 3)"
     lines += [
         "",
@@ -128,5 +129,6 @@ def to_json(plan: Plan, *, disk_bytes: int | None = None) -> dict[str, Any]:
             if estimate
             else None
         ),
+        "accelerate_estimate_bytes": plan.accelerate_estimate,
         "ranked": [candidate_json(c) for c in plan.ranked],
     }

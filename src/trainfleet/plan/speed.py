@@ -37,7 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainfleet.errors import TrainfleetError
-from trainfleet.plan.memory import TrainSetup, lora_numels
+from trainfleet.plan.memory import TrainSetup, trainable_numels
 from trainfleet.plan.model import ModelShape
 from trainfleet.plan.zero import partition_elements
 
@@ -106,11 +106,7 @@ def step_time(
     compute = tokens_per_gpu * hardware / (links.peak_flops * links.mfu)
 
     all_params = sum(shape.parameter_numels()) * setup.param_bytes
-    trainable = (
-        sum(lora_numels(shape, setup.lora_rank))
-        if setup.lora_rank
-        else sum(shape.parameter_numels())
-    ) * setup.param_bytes
+    trainable = sum(trainable_numels(shape, setup)) * setup.param_bytes
     ring = (ranks - 1) / ranks if ranks > 1 else 0.0
     if setup.zero <= 1:
         moved = 2 * ring * trainable
@@ -124,13 +120,13 @@ def step_time(
     offload = 0.0
     if setup.offload != "none":
         _, partition = partition_elements(
-            lora_numels(shape, setup.lora_rank) if setup.lora_rank else shape.parameter_numels(),
-            stage=setup.zero,
-            ranks=ranks,
+            trainable_numels(shape, setup), stage=setup.zero, ranks=ranks
         )
         transfers = 2 * partition * setup.param_bytes  # gradients down, updated params up
-        if setup.offload == "all":
-            transfers += accumulation * (3 if setup.grad_ckpt else 2) * partition * 2
+        if setup.offload == "all":  # each gather first brings this rank's partition up
+            params, _ = partition_elements(shape.parameter_numels(), stage=3, ranks=ranks)
+            gathers = 3 if setup.grad_ckpt else 2
+            transfers += accumulation * gathers * params * setup.param_bytes
         offload = transfers / links.pcie + partition * gpus_per_node / links.cpu_adam_rate
 
     overlapped = setup.zero >= 2
