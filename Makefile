@@ -11,6 +11,8 @@ TORCH_PIN ?= torch==2.13.0
 DEEPSPEED_PIN ?= deepspeed==0.19.8
 TRANSFORMERS_PIN ?= transformers==5.23.0
 ACCELERATE_PIN ?= accelerate==1.15.0
+# What `trainfleet train` uses on top (data loading, LoRA, TensorBoard event files).
+TRAIN_PINS ?= datasets==5.2.0 peft==0.21.2 tensorboard==2.20.0
 
 .PHONY: all venv system demo test test-unit test-cluster lint format bench clean
 
@@ -26,6 +28,7 @@ $(STAMP): pyproject.toml Makefile
 	# The planner's counts are checked against transformers' own models (meta device);
 	# HfDeepSpeedConfig (zero.Init while loading) needs accelerate.
 	$(BIN)/pip install -q "$(TRANSFORMERS_PIN)" "$(ACCELERATE_PIN)"
+	$(BIN)/pip install -q $(TRAIN_PINS)
 	touch $@
 
 venv: $(STAMP)

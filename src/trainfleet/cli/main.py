@@ -25,6 +25,7 @@ from trainfleet.cli import (
     launch_cmd,
     plan_cmd,
     sandbox_cmd,
+    train_cmd,
 )
 from trainfleet.errors import TrainfleetError
 
@@ -35,6 +36,7 @@ COMMANDS: dict[str, ModuleType] = {
     "launch": launch_cmd,
     "plan": plan_cmd,
     "sandbox": sandbox_cmd,
+    "train": train_cmd,
 }
 
 

@@ -1,0 +1,83 @@
+"""`trainfleet train`: multi-node SFT and continued pretraining of Hugging Face causal LMs with
+DeepSpeed ZeRO, started on every slot of every node through `trainfleet launch`.
+
+    >>> from trainfleet.cluster import load_cluster
+    >>> config = load_train_config("train.yaml", {})  # doctest: +SKIP
+    >>> run_train(load_cluster(cluster_file="cluster.yaml"), config)  # doctest: +SKIP
+    0
+
+On the launch node, before any rank starts: the model directory and the data are checked (a
+hub name, a missing path, an empty dataset, a bad record, a sample too long are errors here,
+with the file and line), and the data is tokenized once into OUTPUT/.cache. Then
+`worker.py` runs on every rank. OUTPUT must be the same storage on every node (NFS, or the
+sandbox's shared filesystem): checkpoints, the data cache and the export live there.
+
+Modules: `config` (train.yaml and flags), `data` (records, masks, packing, the cache),
+`worker` (what each rank runs), `checkpoints` (complete-or-nothing checkpoints, `latest`),
+`metrics` (JSONL, TensorBoard, progress, loss curve), `demo_assets` (the built-in demo).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import sys
+from pathlib import Path
+
+from trainfleet.cluster import Cluster
+from trainfleet.errors import TrainfleetError
+from trainfleet.train.config import TrainConfig, load_train_config
+
+__all__ = ["TrainConfig", "check_model_dir", "load_train_config", "run_train"]
+
+_HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def check_model_dir(model: str) -> Path:
+    path = Path(model)
+    if not path.exists():
+        if _HUB_NAME.match(model):
+            raise TrainfleetError(
+                f"--model {model}: no such directory; it looks like a Hugging Face hub name,"
+                " and trainfleet downloads nothing while training",
+                f"download it once (`huggingface-cli download {model} --local-dir DIR`) to"
+                " storage every node sees, then pass --model DIR",
+            )
+        raise TrainfleetError(f"--model {model}: no such directory", "pass a local model dir")
+    if not (path / "config.json").is_file():
+        raise TrainfleetError(
+            f"--model {model}: no config.json in it",
+            "pass a Hugging Face model directory (config.json, *.safetensors, tokenizer files)",
+        )
+    return path
+
+
+def run_train(
+    cluster: Cluster,
+    config: TrainConfig,
+    *,
+    preflight: bool = True,
+    join_timeout: float = 120.0,
+    out=None,
+):
+    """Check, tokenize, launch. Returns (LaunchResult, plan); raises PreflightFailed when the
+    quick doctor finds errors, TrainfleetError for bad input (nothing started then)."""
+    from trainfleet.launch import LaunchOptions, launch, new_run_id, prepare
+    from trainfleet.train import data
+
+    check_model_dir(config.model)
+    output = config.output_dir
+    output.mkdir(parents=True, exist_ok=True)
+    cache = data.prepare_cache(config, output / ".cache")
+    spec = {"config": config.to_json(), "cache": str(cache)}
+    encoded = base64.b64encode(json.dumps(spec).encode()).decode()
+    options = LaunchOptions(
+        command=("-m", "trainfleet.train.worker", encoded),
+        run_id=new_run_id(),
+        local_rank_arg="never",
+        join_timeout=join_timeout,
+    )
+    run_dir = output / "runs" / options.run_id
+    plan, _ = prepare(cluster, options, preflight=preflight, run_dir=run_dir)
+    return launch(plan, cluster, run_dir=run_dir, out=out or sys.stdout), plan

@@ -1,0 +1,84 @@
+"""Checkpoints that a crash cannot spoil: HF Trainer writes `checkpoint-N/` in place; only after
+every rank has finished it does rank 0 mark it complete and switch the `latest` pointer (a file
+replaced atomically), then delete all but the last K complete checkpoints. A restart resumes
+from what `latest` names and removes any half-written checkpoint newer than it.
+
+    >>> import tempfile
+    >>> out = Path(tempfile.mkdtemp())
+    >>> (out / "checkpoint-10").mkdir(); mark_complete(out, "checkpoint-10", keep=2)
+    >>> latest_checkpoint(out).name
+    'checkpoint-10'
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+from trainfleet.errors import TrainfleetError
+
+LATEST = "latest"
+COMPLETE = "TRAINFLEET_COMPLETE"
+_STEP = re.compile(r"^checkpoint-(\d+)$")
+
+
+def step_of(path: Path) -> int:
+    match = _STEP.match(path.name)
+    return int(match.group(1)) if match else -1
+
+
+def _checkpoints(output: Path) -> list[Path]:
+    return sorted((p for p in output.glob("checkpoint-*") if step_of(p) >= 0), key=step_of)
+
+
+def latest_checkpoint(output: Path) -> Path | None:
+    """The checkpoint `latest` names, if it is there and complete."""
+    try:
+        name = (output / LATEST).read_text().strip()
+    except FileNotFoundError:
+        return None
+    path = output / name
+    return path if (path / COMPLETE).exists() else None
+
+
+def mark_complete(output: Path, name: str, *, keep: int) -> None:
+    """Rank 0, after every rank's part of `name` is written (a barrier before this)."""
+    (output / name / COMPLETE).write_text("")
+    pointer = output / f".{LATEST}.tmp"
+    pointer.write_text(name + "\n")
+    with open(pointer) as handle:
+        os.fsync(handle.fileno())
+    os.replace(pointer, output / LATEST)
+    complete = [p for p in _checkpoints(output) if (p / COMPLETE).exists()]
+    for old in complete[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def remove_partial(output: Path) -> list[Path]:
+    """Checkpoints never marked complete (a crash during their save): removed before a resume,
+    so that nothing can pick them up. Returns what was removed."""
+    removed = [p for p in _checkpoints(output) if not (p / COMPLETE).exists()]
+    for path in removed:
+        shutil.rmtree(path, ignore_errors=True)
+    return removed
+
+
+def checkpoint_bytes(output: Path) -> int:
+    """Size of the newest complete checkpoint (0 if none): the next one will be about as big."""
+    latest = latest_checkpoint(output)
+    if latest is None:
+        return 0
+    return sum(f.stat().st_size for f in latest.rglob("*") if f.is_file())
+
+
+def check_free_space(output: Path, needed: int) -> None:
+    free = shutil.disk_usage(output).free
+    if needed > free:
+        raise TrainfleetError(
+            f"{output}: {free / 2**30:.2f} GiB free, the next checkpoint needs about"
+            f" {needed / 2**30:.2f} GiB; not saving a checkpoint that would be cut short",
+            "free space there (or lower keep_checkpoints), then run the same command again:"
+            " it resumes from the latest complete checkpoint",
+        )
