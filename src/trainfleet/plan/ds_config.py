@@ -3,10 +3,11 @@
     >>> config = deepspeed_config(TrainSetup(zero=2, micro_batch=2), hidden_size=64,
     ...     accumulation=4, ranks=8)
     >>> config["train_batch_size"], config["zero_optimization"]["reduce_bucket_size"]
-    (64, 4096)
+    (64, 10000000)
 
 Bucket sizes are the values HF's `auto` would fill in (transformers' `trainer_config_finalize`:
-reduce bucket hidden^2, ZeRO-3 prefetch 0.9 hidden^2, persistence threshold 10 hidden), written
+reduce bucket hidden^2, ZeRO-3 prefetch 0.9 hidden^2, persistence threshold 10 hidden), raised
+to floors for small models (`TrainSetup.buckets`), written
 out so the file works with DeepSpeed alone and the planner's buffers match what runs. The
 optimizer's hyperparameters are `auto`: HF Trainer (and `trainfleet train`) fill them from the
 training arguments. Gradient checkpointing is a model setting, not DeepSpeed's: it is in the
@@ -23,28 +24,22 @@ from trainfleet.plan.memory import TrainSetup
 def deepspeed_config(
     setup: TrainSetup, *, hidden_size: int, accumulation: int, ranks: int
 ) -> dict[str, Any]:
-    h = hidden_size
+    reduce_bucket, prefetch, threshold = setup.buckets(hidden_size)
     zero: dict[str, Any] = {
         "stage": setup.zero,
         "overlap_comm": setup.overlap_comm,
         "contiguous_gradients": True,
-        "reduce_bucket_size": setup.reduce_bucket if setup.reduce_bucket is not None else h * h,
+        "reduce_bucket_size": reduce_bucket,
     }
     if setup.offload != "none":
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     if setup.offload == "all":
         zero["offload_param"] = {"device": "cpu", "pin_memory": True}
     if setup.zero == 3:
-        prefetch = setup.prefetch_bucket
-        threshold = setup.persistence_threshold
         zero.update(
             {
-                "stage3_prefetch_bucket_size": prefetch
-                if prefetch is not None
-                else h * h * 9 // 10,
-                "stage3_param_persistence_threshold": threshold
-                if threshold is not None
-                else 10 * h,
+                "stage3_prefetch_bucket_size": prefetch,
+                "stage3_param_persistence_threshold": threshold,
                 "stage3_max_live_parameters": setup.max_live_parameters,
                 "sub_group_size": setup.sub_group_size,
                 # the consolidated 16-bit weights for an HF export at the end
