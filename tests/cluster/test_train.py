@@ -170,3 +170,28 @@ def test_export_reloads_with_transformers_and_generates(make_sandbox, tmp_path, 
     assert generated.shape[1] == ids.shape[1] + 4
     assert (tmp_path / "out" / "loss.png").stat().st_size > 0
     assert list((tmp_path / "out" / "tensorboard").rglob("events.out.tfevents.*"))
+
+
+def test_lora_export_is_the_base_with_the_adapters_merged(make_sandbox, tmp_path, assets):
+    box = make_sandbox(nodes=2, slots=1)
+    config = tmp_path / "train.yaml"
+    config.write_text("lora:\n  rank: 4\n  alpha: 8\n")
+    code, out = _train(box.cluster_file, assets, tmp_path / "out", "--config", str(config),
+                       "--max-steps", "4", "--zero", "3", "--learning-rate", "1e-2",
+                       "--precision", "fp32")  # fmt: skip
+    assert code == 0, out
+    from transformers import AutoModelForCausalLM
+
+    assert (tmp_path / "out" / "adapter" / "adapter_config.json").exists()
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "out" / "final")
+    base = AutoModelForCausalLM.from_pretrained(assets["model"])
+    assert not any("lora" in name for name, _ in merged.named_parameters())
+    moved = {
+        name.split(".")[-2]
+        for (name, p), (_, q) in zip(
+            merged.named_parameters(), base.named_parameters(), strict=True
+        )
+        if (p - q).abs().max() > 0
+    }
+    # the adapted linears changed, nothing else did (the base is frozen)
+    assert moved == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}

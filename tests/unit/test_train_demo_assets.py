@@ -131,7 +131,7 @@ def test_chat_template_masks_exactly_the_answer_and_its_eos(model_dir):
         assert ids[: len(prompt)] == prompt
         assert len(prompt) == len(ids) - len(answer) - 1
         assert ids[0] == tokenizer.bos_token_id and ids.count(tokenizer.bos_token_id) == 1
-        assert len(ids) <= demo_assets.RECIPE.max_seq_len
+        assert len(ids) == 2 * len(answer) + 12 <= demo_assets.RECIPE.seq_len
 
 
 # ---------------------------------------------------------------------------------- the model

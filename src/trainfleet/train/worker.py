@@ -89,6 +89,22 @@ def _trainer_class():
     return CheckpointingTrainer
 
 
+def merge_lora(base_dir: str, adapter: Path, final: Path, dtype) -> None:
+    """The base model with the trained adapters folded in, as a plain HF model (rank 0, CPU:
+    one full copy of the model in host RAM)."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+    from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+    # Training is over: without this, the base would be built under zero.Init, a collective
+    # that rank 0 alone would enter (measured: the run hung here until the test's timeout).
+    unset_hf_deepspeed_config()
+    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=dtype)
+    merged = PeftModel.from_pretrained(base, str(adapter)).merge_and_unload()
+    merged.save_pretrained(str(final))
+    print(f"merged the LoRA adapters ({adapter}) into {final}", flush=True)
+
+
 def _all_agree(ok: int) -> bool:
     import torch
     import torch.distributed as dist
@@ -221,7 +237,14 @@ def main(encoded: str) -> int:
 
     if config.export:
         final = output / "final"
-        trainer.save_model(str(final))
+        if config.lora and config.lora.merge_on_export:
+            adapter = output / "adapter"
+            trainer.save_model(str(adapter))  # under ZeRO-3 too: gathered, adapters only
+            dist.barrier()
+            if rank == 0:
+                merge_lora(config.model, adapter, final, dtype)
+        else:
+            trainer.save_model(str(final))
         if rank == 0:
             tokenizer.save_pretrained(str(final))
             print(f"exported {final}", flush=True)
