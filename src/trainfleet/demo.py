@@ -24,7 +24,6 @@ from trainfleet.cli.main import main as trainfleet
 DEMO_NAME = "demo"
 IFNAMES = "ens14f0,ens14f1"
 WORKDIR = Path("demo-run")
-TRAIN_CHATS = 20_000
 EVAL_CHATS = 100
 
 
@@ -40,9 +39,10 @@ def _assets() -> tuple[Path, Path]:
     if not (model / "config.json").exists():
         demo_assets.write_tokenizer(model)
         demo_assets.write_model(model, tokenizer_dir=model, seed=0)
+    chats = demo_assets.RECIPE.train_chats
     if not data.exists():
-        demo_assets.write_dataset(data, n=TRAIN_CHATS, seed=0)
-    print(f"\n# a tiny Llama ({model}) and {TRAIN_CHATS} chats 'reverse <word>' ({data})")
+        demo_assets.write_dataset(data, n=chats, seed=0)
+    print(f"\n# a tiny Llama ({model}) and {chats} chats 'reverse <word>' ({data})")
     return model, data
 
 
@@ -58,7 +58,7 @@ def _train_argv(cluster: list[str], model: Path, data: Path) -> list[str]:
         "--zero", "3",
         "--precision", "fp32",  # CPUs without bf16 matmul units are faster in fp32
         "--seq-len", "128",  # ~4 chats packed per sequence
-        "--micro-batch-size", "4",  # x 2 ranks x ~4 chats: RECIPE's 32 chats per step
+        "--micro-batch-size", "8",  # x 2 ranks x ~4 chats a row: RECIPE's 64 chats a step
         "--max-steps", str(RECIPE.steps),
         "--learning-rate", str(RECIPE.learning_rate),
         "--warmup-steps", str(RECIPE.warmup_steps),

@@ -109,7 +109,8 @@ def _all_agree(ok: int) -> bool:
     import torch
     import torch.distributed as dist
 
-    flag = torch.tensor([ok], dtype=torch.int32)
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # NCCL reduces GPU tensors only
+    flag = torch.tensor([ok], dtype=torch.int32, device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MIN)
     return bool(flag.item())
 
