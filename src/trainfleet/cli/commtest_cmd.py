@@ -26,11 +26,10 @@ a slow link; 2: the job did not finish (a hung collective ends at --timeout)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from trainfleet.commtest.formulas import OPS
-
     add_cluster_arguments(parser)
+    # No commtest import here: building the parser must stay light for every command.
     parser.add_argument(
-        "--ops", default=",".join(OPS), help=f"comma-separated, of: {','.join(OPS)}"
+        "--ops", help="comma-separated collectives (default: all; a wrong name lists them)"
     )
     parser.add_argument("--min-bytes", default="1K", metavar="SIZE")
     parser.add_argument("--max-bytes", default="1G", metavar="SIZE")
@@ -50,12 +49,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from trainfleet.commtest import CommtestOptions, run_commtest
+    from trainfleet.commtest.formulas import OPS
     from trainfleet.commtest.report import plot, render
     from trainfleet.errors import TrainfleetError
     from trainfleet.units import parse_size
 
     options = CommtestOptions(
-        ops=tuple(op.strip() for op in args.ops.split(",") if op.strip()),
+        ops=tuple(op.strip() for op in args.ops.split(",") if op.strip()) if args.ops else OPS,
         min_bytes=parse_size(args.min_bytes),
         max_bytes=parse_size(args.max_bytes),
         factor=args.factor,

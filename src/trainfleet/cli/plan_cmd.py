@@ -31,8 +31,6 @@ DEFAULT_BUSBW = {True: 150.0, False: 12.5}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from trainfleet.plan.hardware import GPUS
-
     parser.add_argument(
         "--model", required=True, metavar="DIR|config.json", help="local model dir or its config"
     )
@@ -40,7 +38,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     where = parser.add_argument_group("hardware (instead of, or on top of, a cluster)")
     where.add_argument("--nodes", type=int, help="default: the cluster's nodes, else 1")
     where.add_argument("--gpus-per-node", type=int, help="default: the cluster's slots, else 8")
-    where.add_argument("--gpu", help=f"one of {', '.join(GPUS)} (default H100)")
+    # The GPU table is not imported here: building the parser stays light for every command.
+    where.add_argument(
+        "--gpu", help="H100, A100, H20, H200... (default H100; a wrong name lists all)"
+    )
     where.add_argument("--gpu-memory", metavar="SIZE", help="per GPU, e.g. 80GiB; overrides --gpu")
     where.add_argument("--gpu-tflops", type=float, help="dense bf16 peak; overrides --gpu")
     where.add_argument("--cpu-memory", metavar="SIZE", help="per node, e.g. 1TiB (else unchecked)")
