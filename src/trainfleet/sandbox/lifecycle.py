@@ -30,6 +30,7 @@ from pathlib import Path
 
 from trainfleet.cluster import DEFAULT_MASTER_PORT
 from trainfleet.errors import SandboxError
+from trainfleet.procs import pid_alive
 from trainfleet.sandbox import files, netns
 from trainfleet.sandbox.faults import (
     BARE_PATH,
@@ -541,7 +542,7 @@ def status(name: str = DEFAULT_NAME) -> tuple[Sandbox, list[NodeStatus]] | None:
             NodeStatus(
                 node=node,
                 netns_present=node.netns in present,
-                sshd_running=netns.pid_alive(pid) and pid in netns.netns_pids(node.netns),
+                sshd_running=pid_alive(pid) and pid in netns.netns_pids(node.netns),
                 faults=tuple(f.name for f in sandbox.faults if f.node == node.index),
             )
         )

@@ -111,20 +111,3 @@ def kill_netns_processes(netns: str, timeout: float = 5.0) -> None:
                 "check them with `ps -o pid,stat,cmd -p PIDS` (stuck in the kernel?)",
             )
         time.sleep(0.05)
-
-
-def pid_alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie still answers kill(0); it is not serving anything.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False

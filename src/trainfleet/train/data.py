@@ -8,7 +8,7 @@ loads.
     >>> rows.row(0)["labels"], rows.row(0)["position_ids"]
     ([-100, 2, 3, -100], [0, 1, 2, 0])
 
-On the launch node `prepare(data, model_dir, cache_root=..., seq_len=...)` raises a
+On the launch node `tokenize_to_cache(data, model_dir, cache_root=..., seq_len=...)` raises a
 `DataError` naming the file and line for a bad record (or skips and counts it with
 `skip_bad_records`), and for an empty dataset or a seq_len no sample fits in; each rank then
 `load_cached(path)` and batches rows with `collator(...)`.
@@ -66,6 +66,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, TextIO
 import numpy as np
 
 from trainfleet.errors import TrainfleetError
+from trainfleet.procs import pid_alive
 
 if TYPE_CHECKING:
     from trainfleet.train.config import TrainConfig
@@ -226,34 +227,12 @@ def _pack_whole(samples: list[Sample], seq_len: int) -> Rows:
 
 
 # ---------------------------------------------------------------------------- entry points
-def prepare(
-    data: str | Path,
-    tokenizer: str | Path | Any,
-    *,
-    cache_root: str | Path,
-    seq_len: int,
-    packing: bool = True,
-    skip_bad_records: bool = False,
-    wait_timeout_s: float = 1800.0,
-) -> DataSummary:
-    """Check and tokenize on the launch node (`tokenize_to_cache`); the summary to print."""
-    path = tokenize_to_cache(
-        data,
-        tokenizer,
-        cache_root=cache_root,
-        seq_len=seq_len,
-        packing=packing,
-        skip_bad_records=skip_bad_records,
-        wait_timeout_s=wait_timeout_s,
-    )
-    return load_cached(path).summary
-
-
 def prepare_cache(
     config: TrainConfig, cache_root: str | Path, *, out: TextIO | None = None
 ) -> Path:
-    """`prepare` for a train config (the tokenizer is the model directory's); prints the summary."""
-    summary = prepare(
+    """Check and tokenize a train config's data on the launch node (the tokenizer is the model
+    directory's); prints the summary. Errors here stop the run before any rank starts."""
+    path = tokenize_to_cache(
         config.data,
         config.model,
         cache_root=cache_root,
@@ -261,8 +240,8 @@ def prepare_cache(
         packing=config.packing,
         skip_bad_records=config.skip_bad_records,
     )
-    print(summary.render(), file=out or sys.stdout, flush=True)
-    return Path(summary.path)
+    print(load_cached(path).summary.render(), file=out or sys.stdout, flush=True)
+    return path
 
 
 def tokenize_to_cache(
@@ -309,13 +288,13 @@ class TokenizedDataset:
             meta = json.loads((path / "meta.json").read_text())
         except (OSError, ValueError):
             raise TrainfleetError(
-                f"{path}: not a tokenized data cache", "build it with prepare/tokenize_to_cache"
+                f"{path}: not a tokenized data cache", "build it with tokenize_to_cache"
             ) from None
         if meta.get("format") != FORMAT_VERSION:
             raise TrainfleetError(
                 f"{path}: cache format {meta.get('format')}, this trainfleet reads "
                 f"{FORMAT_VERSION}",
-                "run prepare again (it writes a new cache beside this one)",
+                "run prepare_cache again (it writes a new cache beside this one)",
             )
         self.path = path
         summary = {**meta["summary"], "bad_examples": tuple(meta["summary"]["bad_examples"])}
@@ -888,7 +867,7 @@ def _take_lock(lock: Path) -> bool:
         handle = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
     except FileExistsError:
         host, _, pid = _lock_holder(lock).partition(" pid ")
-        if host == socket.gethostname() and pid.isdigit() and not _alive(int(pid)):
+        if host == socket.gethostname() and pid.isdigit() and not pid_alive(int(pid)):
             lock.unlink(missing_ok=True)
         return False
     with os.fdopen(handle, "w") as out:
@@ -901,13 +880,3 @@ def _lock_holder(lock: Path) -> str:
         return lock.read_text().strip() or "another process"
     except OSError:
         return "another process"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
