@@ -21,7 +21,7 @@ configs), `estimators` (DeepSpeed's and Accelerate's estimators), `ds_config` (t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from trainfleet.plan.estimators import (
     accelerate_training_bytes,
@@ -86,14 +86,7 @@ def make_plan(shape: ModelShape, setup: TrainSetup, target: Target, *, global_ba
         shape=shape,
         target=target,
         global_batch=global_batch,
-        requested=Candidate(
-            setup=requested.setup,
-            gpu=requested.gpu,
-            cpu=requested.cpu,
-            time=requested.time,
-            fits=requested.fits,
-            reason=explain(requested, best, target),
-        ),
+        requested=replace(requested, reason=explain(requested, best, target)),
         ranked=ranked,
         deepspeed_estimate=deepspeed_estimate(shape, setup, target),
         accelerate_estimate=accelerate_training_bytes(shape.total_params(), setup.precision),

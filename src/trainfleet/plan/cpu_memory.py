@@ -67,7 +67,7 @@ from __future__ import annotations
 
 from trainfleet.errors import TrainfleetError
 from trainfleet.plan.model import ModelShape
-from trainfleet.plan.zero import partition_elements
+from trainfleet.plan.zero import ceil_div, partition_elements
 
 ZERO_PARAMS_ON = ("gpu", "offload", "cpu")
 """Where ZeRO-3 keeps each rank's partition and its gathered module while loading:
@@ -89,10 +89,6 @@ def _check(ranks: int, load_dtype_bytes: int, zero_params_on: str) -> None:
         raise TrainfleetError(
             f"zero_params_on {zero_params_on!r} is not known", f"use one of {ZERO_PARAMS_ON}"
         )
-
-
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def loading_peak_bytes(
@@ -119,7 +115,7 @@ def loading_peak_bytes(
     partitions_bytes = partition * load_dtype_bytes
     if zero_params_on == "offload":
         return partitions_bytes
-    gathered = _ceil_div(shape.largest_module_params(), ranks) * ranks * load_dtype_bytes
+    gathered = ceil_div(shape.largest_module_params(), ranks) * ranks * load_dtype_bytes
     return partitions_bytes + GLOO_GATHER_COPIES * gathered
 
 

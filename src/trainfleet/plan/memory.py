@@ -99,7 +99,7 @@ class TrainSetup:
             )
         for name in ("micro_batch", "seq_len"):
             if getattr(self, name) < 1:
-                raise TrainfleetError(f"{name}: must be at least 1", "")
+                raise TrainfleetError(f"{name}: {getattr(self, name)}", "it must be at least 1")
         if self.lora_rank < 0:
             raise TrainfleetError("lora_rank: must be 0 (full fine-tuning) or more", "")
 
@@ -166,10 +166,6 @@ def lora_numels(shape: ModelShape, rank: int) -> list[int]:
     )
 
 
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def model_states(shape: ModelShape, setup: TrainSetup, *, ranks: int) -> ModelStates:
     """Trainable states (every param, or LoRA's adapters) plus the frozen base's 16-bit copy."""
     offload = {
@@ -193,8 +189,9 @@ def model_states(shape: ModelShape, setup: TrainSetup, *, ranks: int) -> ModelSt
     )
     # Frozen params are outside the optimizer: whole on every rank, except that ZeRO-3
     # partitions every param of the model.
-    numels = shape.parameter_numels()
-    frozen = sum(_ceil_div(n, ranks) for n in numels) if setup.zero == 3 else sum(numels)
+    frozen, _ = partition_elements(
+        shape.parameter_numels(), stage=3 if setup.zero == 3 else 0, ranks=ranks
+    )
     return ModelStates(
         params_bytes=adapters.params_bytes + frozen * setup.param_bytes,
         master_bytes=adapters.master_bytes,

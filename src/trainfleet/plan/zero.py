@@ -59,7 +59,7 @@ class ModelStates:
         return self.params_bytes + self.master_bytes + self.optimizer_bytes
 
 
-def _ceil_div(a: int, b: int) -> int:
+def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
@@ -68,10 +68,10 @@ def partition_elements(numels: Sequence[int], *, stage: int, ranks: int) -> tupl
     if stage == 0:
         return sum(numels), sum(numels)
     if stage in (1, 2):
-        padded = _ceil_div(sum(numels), ALIGNMENT * ranks) * ALIGNMENT * ranks
+        padded = ceil_div(sum(numels), ALIGNMENT * ranks) * ALIGNMENT * ranks
         return padded, padded // ranks
     if stage == 3:
-        share = sum(_ceil_div(n, ranks) for n in numels)
+        share = sum(ceil_div(n, ranks) for n in numels)
         return share, share
     raise TrainfleetError(f"ZeRO stage {stage} does not exist", "use 0, 1, 2 or 3")
 

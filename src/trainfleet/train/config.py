@@ -18,10 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from trainfleet.errors import SpecError, TrainfleetError
+from trainfleet.plan.memory import TrainSetup
 from trainfleet.spec_yaml import LineDict, load_yaml_with_lines
 
-OFFLOADS = ("none", "optimizer", "all")
-PRECISIONS = ("bf16", "fp16", "fp32")
 SCHEDULERS = ("cosine", "linear", "constant_with_warmup")
 
 
@@ -96,15 +95,9 @@ class TrainConfig:
     """Write a consolidated HF model to OUTPUT/final at the end."""
 
     def __post_init__(self) -> None:
-        checks = [
-            (self.zero in (0, 1, 2, 3), "zero", "0, 1, 2 or 3"),
-            (self.offload in OFFLOADS, "offload", ", ".join(OFFLOADS)),
-            (self.precision in PRECISIONS, "precision", ", ".join(PRECISIONS)),
-            (self.lr_scheduler in SCHEDULERS, "lr_scheduler", ", ".join(SCHEDULERS)),
-            (self.offload != "all" or self.zero == 3, "offload", "all needs zero: 3"),
-            (self.offload == "none" or self.zero >= 1, "offload", "needs zero: 1 or more"),
-        ]
-        for name in ("max_steps", "micro_batch_size", "gradient_accumulation_steps", "seq_len"):
+        self.plan_setup()  # ZeRO stage, offload, precision, sizes: the planner's own checks
+        checks = [(self.lr_scheduler in SCHEDULERS, "lr_scheduler", ", ".join(SCHEDULERS))]
+        for name in ("max_steps", "gradient_accumulation_steps"):
             checks.append((getattr(self, name) >= 1, name, "at least 1"))
         for name in ("save_steps", "warmup_steps"):
             checks.append((getattr(self, name) >= 0, name, "0 or more"))
@@ -113,6 +106,18 @@ class TrainConfig:
         for ok, name, valid in checks:
             if not ok:
                 raise TrainfleetError(f"{name}: {getattr(self, name)!r}", f"use {valid}")
+
+    def plan_setup(self) -> TrainSetup:
+        """This run as the planner sees it (what `plan.ds_config` turns into DeepSpeed JSON)."""
+        return TrainSetup(
+            zero=self.zero,
+            offload=self.offload,
+            micro_batch=self.micro_batch_size,
+            seq_len=self.seq_len,
+            grad_ckpt=self.grad_ckpt,
+            precision=self.precision,
+            lora_rank=self.lora.rank if self.lora else 0,
+        )
 
     @property
     def output_dir(self) -> Path:

@@ -23,28 +23,18 @@ import warnings
 from pathlib import Path
 
 from trainfleet.errors import TrainfleetError
+from trainfleet.plan.memory import TORCH_DTYPES
 from trainfleet.train import checkpoints
 from trainfleet.train.config import TrainConfig
-
-PRECISION_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
 def deepspeed_json(config: TrainConfig, *, hidden_size: int, world_size: int) -> dict:
     if config.deepspeed_config:
         return json.loads(Path(config.deepspeed_config).read_text())
     from trainfleet.plan.ds_config import deepspeed_config
-    from trainfleet.plan.memory import TrainSetup
 
-    setup = TrainSetup(
-        zero=config.zero,
-        offload=config.offload,
-        micro_batch=config.micro_batch_size,
-        seq_len=config.seq_len,
-        grad_ckpt=config.grad_ckpt,
-        precision=config.precision,
-    )
     ds = deepspeed_config(
-        setup,
+        config.plan_setup(),
         hidden_size=hidden_size,
         accumulation=config.gradient_accumulation_steps,
         ranks=world_size,
@@ -63,16 +53,15 @@ def _trainer_class():
 
         def _save_checkpoint(self, model, trial):
             output = Path(self.args.output_dir)
-            needed = checkpoints.checkpoint_bytes(output) or self._first_estimate()
             ok = 1
             if self.args.should_save or self.args.local_process_index == 0:
+                needed = checkpoints.checkpoint_bytes(output) or self._first_estimate()
                 try:
                     checkpoints.check_free_space(output, needed)
                 except TrainfleetError as exc:
                     print(f"trainfleet train: {exc.what}: {exc.fix}", file=sys.stderr, flush=True)
                     ok = 0
-            verdict = _all_agree(ok)
-            if not verdict:
+            if not _all_agree(ok):
                 raise SystemExit(3)
             super()._save_checkpoint(model, trial)
             dist.barrier()
@@ -189,7 +178,7 @@ def main(encoded: str) -> int:
         dataloader_num_workers=0,
         remove_unused_columns=False,
     )
-    dtype = getattr(torch, PRECISION_DTYPES[config.precision])
+    dtype = getattr(torch, TORCH_DTYPES[config.precision])
     model = AutoModelForCausalLM.from_pretrained(config.model, dtype=dtype)
     tokenizer = AutoTokenizer.from_pretrained(config.model)
     if config.lora:
