@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -47,30 +46,13 @@ def no_rank_left_behind():
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory) -> dict[str, Path]:
-    """A tiny llama with a character tokenizer, and addition problems as chat records."""
-    root = tmp_path_factory.mktemp("assets")
-    sys.path.insert(0, str(Path(__file__).parents[1] / "unit"))
-    from test_train_data import make_tokenizer
-    from transformers import AutoConfig, AutoModelForCausalLM
+    """The built-in demo's tiny Llama and character tokenizer, and 400 of its chats."""
+    from trainfleet.train import demo_assets
 
-    tok = make_tokenizer()
-    tok.save_pretrained(root / "model")
-    config = AutoConfig.for_model(
-        "llama", vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-    )  # fmt: skip
-    AutoModelForCausalLM.from_config(config).save_pretrained(root / "model")
-    rng = random.Random(0)
-    with open(root / "data.jsonl", "w") as f:
-        for _ in range(400):
-            a, b = rng.randint(0, 99), rng.randint(0, 99)
-            turns = [
-                {"role": "user", "content": f"{a}+{b}"},
-                {"role": "assistant", "content": f"{a + b}"},
-            ]
-            f.write(json.dumps({"messages": turns}) + "\n")
-    return {"model": root / "model", "data": root / "data.jsonl"}
+    root = tmp_path_factory.mktemp("assets")
+    demo_assets.write_tokenizer(root / "model")
+    demo_assets.write_model(root / "model", tokenizer_dir=root / "model", seed=0)
+    return {"model": root / "model", "data": demo_assets.write_dataset(root / "data.jsonl", n=400)}
 
 
 def _train(cluster_file, assets, output, *flags, wait=True):
@@ -166,7 +148,8 @@ def test_export_reloads_with_transformers_and_generates(make_sandbox, tmp_path, 
     ]
     assert changed, "the export holds the untrained weights"
     ids = tok("12+30", return_tensors="pt").input_ids
-    generated = model.generate(ids, max_new_tokens=4, do_sample=False)
+    # a few steps in, <eos> may already come first: ask for exactly 4 new tokens
+    generated = model.generate(ids, max_new_tokens=4, min_new_tokens=4, do_sample=False)
     assert generated.shape[1] == ids.shape[1] + 4
     assert (tmp_path / "out" / "loss.png").stat().st_size > 0
     assert list((tmp_path / "out" / "tensorboard").rglob("events.out.tfevents.*"))
