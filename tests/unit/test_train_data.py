@@ -464,7 +464,7 @@ def test_cache_hit_does_not_tokenize_again(tmp_path, tokenizer_dir, monkeypatch)
     def tokenize_again(*args):
         raise AssertionError("tokenized again")
 
-    monkeypatch.setattr(data, "_tokenize", tokenize_again)
+    monkeypatch.setattr(data.cache, "_tokenize", tokenize_again)
     again = data.tokenize_to_cache(path, tokenizer_dir, cache_root=tmp_path / "c", seq_len=64)
     assert again == first and cache_bytes(again) == before
     assert first.name.startswith("tokenized-")
@@ -502,14 +502,14 @@ def test_cache_key_follows_seq_len_tokenizer_template_and_data(tmp_path, tokeniz
 
 def _race(barrier, args: tuple, results) -> None:
     path, tokenizer_dir, root, marker_dir = args
-    tokenize = data._tokenize
+    tokenize = data.cache._tokenize  # what tokenize_to_cache calls
 
     def tokenize_and_mark(*a):
         (marker_dir / f"built-{multiprocessing.current_process().pid}").touch()
         time.sleep(0.5)  # long enough that the other process finds the lock taken
         return tokenize(*a)
 
-    data._tokenize = tokenize_and_mark  # this child's copy of the module only
+    data.cache._tokenize = tokenize_and_mark  # this child's copy of the module only
     barrier.wait()
     results.put(str(data.tokenize_to_cache(path, tokenizer_dir, cache_root=root, seq_len=32)))
 
