@@ -52,6 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     settings.add_argument(
         "--no-packing", action="store_false", default=None, dest="packing", help="pad instead"
     )
+    settings.add_argument(
+        "--no-export", action="store_false", default=None, dest="export", help="no OUTPUT/final"
+    )
     parser.add_argument("--no-preflight", dest="preflight", action="store_false")
     parser.add_argument("--join-timeout", type=float, default=120.0, metavar="S")
     parser.epilog = CLUSTER_YAML_EXAMPLE
@@ -62,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     from trainfleet.launch import PreflightFailed
     from trainfleet.train import load_train_config, run_train
 
-    overrides = {name: getattr(args, name) for name in [*FLAGS, "grad_ckpt", "packing"]}
+    overrides = {name: getattr(args, name) for name in [*FLAGS, "grad_ckpt", "packing", "export"]}
     config = load_train_config(args.config, overrides)
     cluster = cluster_from_args(args)
     try:

@@ -79,5 +79,55 @@ def run_train(
         join_timeout=join_timeout,
     )
     run_dir = output / "runs" / options.run_id
-    plan, _ = prepare(cluster, options, preflight=preflight, run_dir=run_dir)
-    return launch(plan, cluster, run_dir=run_dir, out=out or sys.stdout), plan
+    plan, report = prepare(cluster, options, preflight=preflight, run_dir=run_dir)
+    out = out or sys.stdout
+    check_memory(
+        config, plan.rank_ranges(), report.survey.facts if report.survey else {}, strict=preflight,
+        out=out,
+    )  # fmt: skip
+    return launch(plan, cluster, run_dir=run_dir, out=out), plan
+
+
+def check_memory(
+    config: TrainConfig, rank_ranges: dict[str, range], facts: dict, *, strict: bool, out
+) -> None:
+    """The planner's memory figures for this run against each node's (`train/preflight.py`);
+    raises WontFit when a node is short (`strict`; else the problems are printed)."""
+    from trainfleet.plan.model import ModelShape
+    from trainfleet.train import preflight as fit_check
+
+    try:
+        shape = ModelShape.from_path(config.model)
+    except TrainfleetError as exc:  # a family the planner cannot count: train anyway
+        print(f"trainfleet train: no memory check: {exc.what}", file=out, flush=True)
+        return
+    setup = config.plan_setup()
+    ranks_per_node = {host: len(ranks) for host, ranks in rank_ranges.items()}
+    fit = fit_check.check_fit(shape, setup, ranks_per_node=ranks_per_node, facts=facts)
+    print("\n".join(fit.lines), file=out, flush=True)
+    if not fit.problems:
+        return
+    world = sum(ranks_per_node.values())
+    better = fit_check.fastest_fitting(
+        shape, setup, ranks_per_node=ranks_per_node, facts=facts,
+        global_batch=config.micro_batch_size * config.gradient_accumulation_steps * world,
+    )  # fmt: skip
+    options = [
+        *(["ZeRO-3"] if setup.zero < 3 else []),
+        *(["offload (--offload optimizer or all)"] if setup.offload != "all" else []),
+        *(["gradient checkpointing"] if not setup.grad_ckpt else []),
+        *(["a smaller micro batch"] if setup.micro_batch > 1 else []),
+        "fewer ranks per node, or more nodes",
+    ]
+    fix = (
+        f"the planner's fastest config that fits: {better}"
+        if better
+        else f"{', '.join(options)}; `trainfleet plan --model {config.model}` compares them"
+    )
+    if not strict:
+        print(f"trainfleet train: warning: {'; '.join(fit.problems)}", file=out, flush=True)
+        return
+    raise fit_check.WontFit(
+        "the plan says this run does not fit, nothing was started:\n  " + "\n  ".join(fit.problems),
+        fix + " (--no-preflight starts it anyway)",
+    )

@@ -220,10 +220,12 @@ def write_tokenizer(directory: str | Path) -> Path:
     return directory
 
 
-def write_model(directory: str | Path, tokenizer_dir: str | Path, seed: int = 0) -> Path:
-    """A randomly initialised `LlamaForCausalLM` sized by `MODEL_CONFIG`, saved in fp32
-    safetensors with the tokenizer beside it. Same seed, same weights; the global RNG is left
-    as it was."""
+def write_model(
+    directory: str | Path, tokenizer_dir: str | Path, seed: int = 0, **sizes: int
+) -> Path:
+    """A randomly initialised `LlamaForCausalLM` sized by `MODEL_CONFIG` (or `sizes` on top,
+    e.g. `hidden_size=512`), saved in fp32 safetensors with the tokenizer beside it. Same seed,
+    same weights; the global RNG is left as it was."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -234,7 +236,7 @@ def write_model(directory: str | Path, tokenizer_dir: str | Path, seed: int = 0)
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        **MODEL_CONFIG,
+        **{**MODEL_CONFIG, **sizes},
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from trainfleet.errors import TrainfleetError
 from trainfleet.plan.memory import TORCH_DTYPES
-from trainfleet.train import checkpoints
+from trainfleet.train import checkpoints, hostmem
 from trainfleet.train.config import TrainConfig
 
 
@@ -104,6 +104,49 @@ def _all_agree(ok: int) -> bool:
     return bool(flag.item())
 
 
+def _report_load_memory(result, model, *, output: Path, rank: int) -> None:
+    """Every rank's host RAM while loading, gathered to rank 0, printed and written to
+    OUTPUT/load_memory.json (seed 004's host OOM shows here first)."""
+    import socket
+
+    import torch.distributed as dist
+
+    full_copy = sum(
+        getattr(p, "ds_numel", p.numel()) * p.element_size() for p in model.parameters()
+    )
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, (result, socket.gethostname()))
+    if rank == 0:
+        report = hostmem.summary(
+            [r for r, _ in gathered], [node for _, node in gathered], full_copy_bytes=full_copy
+        )
+        (output / "load_memory.json").write_text(json.dumps(report, indent=2) + "\n")
+        print(hostmem.render(report), flush=True)
+
+
+def _require_shared_output(cache: Path, rank: int) -> None:
+    """Every rank must see the data cache the launch node wrote into OUTPUT: checkpoints, the
+    cache and the export all assume OUTPUT is one storage for every node."""
+    import socket
+
+    import torch.distributed as dist
+
+    seen: list = [None] * dist.get_world_size()
+    dist.all_gather_object(seen, (socket.gethostname(), cache.is_dir()))
+    apart = sorted({node for node, ok in seen if not ok})
+    if not apart:
+        return
+    if rank == 0:
+        print(
+            f"trainfleet train: {', '.join(apart)} cannot see {cache} (written on the launch node):"
+            f" OUTPUT ({cache.parent.parent}) is not shared storage: put --output on storage"
+            " every node mounts at the same path (NFS, a parallel filesystem)",
+            file=sys.stderr,
+            flush=True,
+        )
+    raise SystemExit(2)
+
+
 def main(encoded: str) -> int:
     # DeepSpeed 0.19.8 calls c10d's old names on every collective; the warning says nothing a
     # user can act on and, repeated per call, buried the job's own output.
@@ -137,6 +180,7 @@ def main(encoded: str) -> int:
     from trainfleet.plan.speed import flops_per_token
     from trainfleet.train import data, metrics
 
+    _require_shared_output(Path(spec["cache"]), rank)
     hf_config = AutoConfig.from_pretrained(config.model)
     ds = deepspeed_json(config, hidden_size=hf_config.hidden_size, world_size=world_size)
     if rank == 0:
@@ -173,13 +217,16 @@ def main(encoded: str) -> int:
         use_cpu=on_cpu,
         ddp_backend=backend,
         report_to=["tensorboard"],
-        include_num_input_tokens_seen=True,
+        # tokens/s counts real tokens: padding (attention_mask, or the pad id) is left out
+        include_num_input_tokens_seen="non_padding",
         disable_tqdm=True,
         dataloader_num_workers=0,
         remove_unused_columns=False,
     )
     dtype = getattr(torch, TORCH_DTYPES[config.precision])
-    model = AutoModelForCausalLM.from_pretrained(config.model, dtype=dtype)
+    with hostmem.LoadMemory() as loading:
+        model = AutoModelForCausalLM.from_pretrained(config.model, dtype=dtype)
+    _report_load_memory(loading.result(), model, output=output, rank=rank)
     tokenizer = AutoTokenizer.from_pretrained(config.model)
     if config.lora:
         from peft import LoraConfig, get_peft_model
@@ -203,6 +250,7 @@ def main(encoded: str) -> int:
         model=model,
         args=args,
         train_dataset=dataset,
+        processing_class=tokenizer,  # the pad id, for counting a packed batch's real tokens
         data_collator=data.collator(
             packing=config.packing,
             pad_token_id=tokenizer.pad_token_id,
