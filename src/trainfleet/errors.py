@@ -36,3 +36,7 @@ class SandboxError(TrainfleetError):
 
 class RemoteError(TrainfleetError):
     """Remote execution could not even start (no ssh client, bad arguments)."""
+
+
+class SetupError(TrainfleetError):
+    """`trainfleet setup` or `sync` cannot make a change (a node refuses, a key is not trusted)."""

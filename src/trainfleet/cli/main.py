@@ -25,6 +25,8 @@ from trainfleet.cli import (
     launch_cmd,
     plan_cmd,
     sandbox_cmd,
+    setup_cmd,
+    sync_cmd,
     train_cmd,
 )
 from trainfleet.errors import TrainfleetError
@@ -36,6 +38,8 @@ COMMANDS: dict[str, ModuleType] = {
     "launch": launch_cmd,
     "plan": plan_cmd,
     "sandbox": sandbox_cmd,
+    "setup": setup_cmd,
+    "sync": sync_cmd,
     "train": train_cmd,
 }
 

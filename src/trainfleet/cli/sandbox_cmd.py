@@ -12,6 +12,7 @@ import json
 
 from trainfleet import sandbox
 from trainfleet.sandbox import FAULTS
+from trainfleet.sandbox.users import SANDBOX_USER
 
 HELP = "a multi-node cluster in network namespaces on this machine"
 DESCRIPTION = """\
@@ -64,6 +65,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="an existing directory that each node sees as its own private copy (no shared "
         "storage there: what clusters without NFS look like)",
     )
+    up.add_argument(
+        "--auth",
+        choices=("key", "password"),
+        default="key",
+        help="key: root logs in with the sandbox's own key, trusted everywhere (default); "
+        "password: fresh servers, only the test user's password works (see the state dir's "
+        "`password`), nothing is trusted: what `trainfleet setup ssh` starts from",
+    )
     for p in (
         up,
         sub.add_parser("down", help="remove everything `up` made"),
@@ -84,6 +93,7 @@ def _run_up(args: argparse.Namespace) -> int:
         master_port=args.master_port,
         login_shell=args.login_shell,
         node_local_dir=args.node_local_dir,
+        auth=args.auth,
     )
     if args.json:
         print(json.dumps(box.to_json(), indent=2))
@@ -97,6 +107,10 @@ def _run_up(args: argparse.Namespace) -> int:
         print(f"  {node.hostname:12} {node.address:15} {node.ifname:10}{extra}".rstrip())
     print(f"cluster.yaml: {box.cluster_file}")
     print(f"hostfile:     {box.hostfile}   (with --ssh-config {box.ssh_config})")
+    if box.auth == "password":
+        print(f"password:     {box.password_file}   (user {SANDBOX_USER})")
+        print(f"try:          trainfleet setup ssh -c {box.cluster_file}")
+        return 0
     print(f"try:          trainfleet exec -c {box.cluster_file} -- hostname")
     return 0
 

@@ -33,10 +33,30 @@ class SandboxNode:
 
 
 def sshd_config_text(
-    node: SandboxNode, state: Path, *, trust: bool, path: str | None = None
+    node: SandboxNode,
+    state: Path,
+    *,
+    trust: bool,
+    path: str | None = None,
+    password_user: str | None = None,
 ) -> str:
+    """`password_user`: sshd accepts only that user, with its password, and the keys in its
+    own ~/.ssh/authorized_keys (none at first), as fresh servers do; root cannot log in."""
     node_dir = state / "nodes" / node.hostname
     authorized = state / "authorized_keys" if trust else Path("/nonexistent/authorized_keys")
+    if password_user:
+        login = [
+            "AuthorizedKeysFile .ssh/authorized_keys",
+            "PermitRootLogin no",
+            f"AllowUsers {password_user}",
+            "PasswordAuthentication yes",
+        ]
+    else:
+        login = [
+            f"AuthorizedKeysFile {authorized}",
+            "PermitRootLogin prohibit-password",
+            "PasswordAuthentication no",
+        ]
     return "\n".join(
         [
             f"# sshd for sandbox node {node.hostname} (written by `trainfleet sandbox up`)",
@@ -44,9 +64,7 @@ def sshd_config_text(
             "Port 22",
             f"HostKey {node_dir / 'ssh_host_ed25519_key'}",
             f"PidFile {node_dir / 'sshd.pid'}",
-            f"AuthorizedKeysFile {authorized}",
-            "PermitRootLogin prohibit-password",
-            "PasswordAuthentication no",
+            *login,
             "KbdInteractiveAuthentication no",
             "UsePAM no",
             # The state dir lives under /run or /tmp, whose modes sshd's StrictModes rejects.
@@ -91,6 +109,16 @@ def ssh_config_text(nodes: list[SandboxNode], state: Path) -> str:
     return "\n".join(lines)
 
 
+def password_ssh_config_text(nodes: list[SandboxNode], user: str) -> str:
+    """The password sandbox's ssh config: names and the login only. Which key and known_hosts
+    to use is cluster.yaml's (the same path on every node: each node's own ~/.ssh)."""
+    lines = ["# ssh config for the sandbox (written by `trainfleet sandbox up`); use with ssh -F"]
+    for node in nodes:
+        lines += [f"Host {node.hostname}", f"    HostName {node.address}"]
+    lines += ["Host *", f"    User {user}", "    StrictHostKeyChecking yes", ""]
+    return "\n".join(lines)
+
+
 def known_hosts_text(entries: list[tuple[SandboxNode, str]]) -> str:
     """entries: (node, 'ssh-ed25519 AAAA...') for every node that should be known."""
     return "".join(f"{n.hostname},{n.address} {key}\n" for n, key in entries)
@@ -100,16 +128,28 @@ def hostfile_text(nodes: list[SandboxNode], slots: int) -> str:
     return "".join(f"{node.hostname} slots={slots}\n" for node in nodes)
 
 
-def cluster_yaml_text(nodes: list[SandboxNode], state: Path, slots: int, master_port: int) -> str:
-    doc = {
+def cluster_yaml_text(
+    nodes: list[SandboxNode],
+    state: Path,
+    slots: int,
+    master_port: int,
+    *,
+    password_user: str | None = None,
+) -> str:
+    """`password_user`: log in as that user, with the key and known_hosts in its home (the same
+    path on every node and here: none of them exists until `trainfleet setup ssh`)."""
+    ssh_dir = state / "home" / ".ssh"
+    doc: dict = {
         "master": nodes[0].hostname,
         "master_port": master_port,
         "ssh": {
-            "user": "root",
+            "user": password_user or "root",
             # Node names are aliases in this file, as in a user's ~/.ssh/config (seed 004).
             "config_file": str(state / "ssh_config"),
-            "identity_file": str(state / "id_ed25519"),
-            "known_hosts_file": str(state / "known_hosts"),
+            "identity_file": str(ssh_dir / "id_ed25519" if password_user else state / "id_ed25519"),
+            "known_hosts_file": str(
+                ssh_dir / "known_hosts" if password_user else state / "known_hosts"
+            ),
             "options": ["-o", "IdentitiesOnly=yes", "-o", "StrictHostKeyChecking=yes"],
         },
         # Every node's ranks share this machine's cores: one thread each, or OpenMP's idle
@@ -118,6 +158,11 @@ def cluster_yaml_text(nodes: list[SandboxNode], state: Path, slots: int, master_
         "env": {"OMP_NUM_THREADS": "1"},
         "nodes": [{"host": node.hostname, "slots": slots} for node in nodes],
     }
+    if password_user:
+        # That user cannot reach this machine's interpreter under /root; the system one is
+        # enough for doctor's probe. Its home is writable (and private) on every node.
+        doc["python"] = "python3"
+        doc["workdir"] = str(state / "home")
     header = (
         "# A sandbox cluster: every node is a network namespace on this machine with its own\n"
         "# interface, hostname, /etc/hosts and sshd. Written by `trainfleet sandbox up`.\n"

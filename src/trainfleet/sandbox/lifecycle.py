@@ -31,7 +31,7 @@ from pathlib import Path
 from trainfleet.cluster import DEFAULT_MASTER_PORT
 from trainfleet.errors import SandboxError
 from trainfleet.procs import pid_alive
-from trainfleet.sandbox import files, netns
+from trainfleet.sandbox import files, netns, users
 from trainfleet.sandbox.faults import (
     BARE_PATH,
     DECOYS,
@@ -69,10 +69,24 @@ class Sandbox:
     """root's login shell on the nodes; None keeps this machine's (and its ~/.bashrc)."""
     node_local_dir: str | None = None
     """A path that each node sees as its own private directory (no shared storage there)."""
+    auth: str = "key"
+    """'key': root logs in with the sandbox's key, trusted everywhere. 'password': only the
+    test user (users.SANDBOX_USER) logs in, with its password; no key is trusted anywhere."""
 
     @property
     def cluster_file(self) -> Path:
         return self.state_dir / "cluster.yaml"
+
+    @property
+    def password_file(self) -> Path:
+        """The test user's password (auth 'password' only)."""
+        return self.state_dir / "password"
+
+    @property
+    def home(self) -> Path:
+        """auth 'password': the test user's home, the same path on every node (each node has
+        its own) and here (the launch side's ssh files)."""
+        return self.state_dir / "home"
 
     @property
     def hostfile(self) -> Path:
@@ -103,6 +117,7 @@ class Sandbox:
             "master_port": self.master_port,
             "login_shell": self.login_shell,
             "node_local_dir": self.node_local_dir,
+            "auth": self.auth,
             "faults": [str(f) for f in self.faults],
             "nodes": [n.to_json() for n in self.nodes],
             "cluster_file": str(self.cluster_file),
@@ -122,6 +137,7 @@ class Sandbox:
             master_port=data["master_port"],
             login_shell=data.get("login_shell"),
             node_local_dir=data.get("node_local_dir"),
+            auth=data.get("auth", "key"),
             faults=[parse_fault(f, hostnames) for f in data["faults"]],
             nodes=[files.SandboxNode(**n) for n in data["nodes"]],
         )
@@ -207,6 +223,7 @@ def up(
     master_port: int = DEFAULT_MASTER_PORT,
     login_shell: str | None = None,
     node_local_dir: str | None = None,
+    auth: str = "key",
 ) -> Sandbox:
     """Create the sandbox; on any failure, remove whatever was made and raise.
 
@@ -214,7 +231,11 @@ def up(
     machine's ~/.bashrc; for benchmarks, where all nodes share this machine's cores.
     `node_local_dir`: every node sees its own private directory at that path (the state dir's
     nodes/HOST/local, bind-mounted), as nodes without shared storage do.
+    `auth`: 'password' makes fresh servers: sshd accepts only the test user's password (in
+    STATE/password), nothing is trusted, every node has its own home (see `users`).
     """
+    if auth not in users.AUTH_MODES:
+        raise SandboxError(f"unknown auth {auth!r}", f"use one of {', '.join(users.AUTH_MODES)}")
     if node_local_dir is not None and not Path(node_local_dir).is_dir():
         raise SandboxError(f"{node_local_dir} is not a directory", "create it first")
     if login_shell is not None and not os.access(login_shell, os.X_OK):
@@ -241,6 +262,7 @@ def up(
         master_port=master_port,
         login_shell=login_shell,
         node_local_dir=node_local_dir,
+        auth=auth,
     )
     try:
         _build(sandbox)
@@ -257,7 +279,8 @@ def _faulted(sandbox: Sandbox, fault_name: str) -> set[int]:
 def _build(sandbox: Sandbox) -> None:
     state = sandbox.state_dir
     state.mkdir(parents=True, exist_ok=True)
-    state.chmod(0o700)
+    # The password sandbox's user must reach its home and the ssh config under it.
+    state.chmod(0o711 if sandbox.auth == "password" else 0o700)
     # Record the state first: `down` must find even a half-built sandbox.
     _write(state / "state.json", json.dumps(sandbox.to_json(), indent=2) + "\n")
     net = ipaddress.ip_network(sandbox.subnet)
@@ -268,14 +291,18 @@ def _build(sandbox: Sandbox) -> None:
     netns.run(["ip", "addr", "add", f"{gateway}/{prefix}", "dev", sandbox.bridge])
     netns.run(["ip", "link", "set", sandbox.bridge, "up"])
 
-    client_key = _keygen(state / "id_ed25519")
-    _write(state / "authorized_keys", client_key + "\n", 0o600)
+    user = users.new_user(state) if sandbox.auth == "password" else None
+    if user is None:  # the password sandbox trusts no key at all
+        client_key = _keygen(state / "id_ed25519")
+        _write(state / "authorized_keys", client_key + "\n", 0o600)
     host_keys: dict[int, str] = {}
     for node in sandbox.nodes:
         ns = node.netns
         node_dir = state / "nodes" / node.hostname
         node_dir.mkdir(parents=True, exist_ok=True)
         host_keys[node.index] = _keygen(node_dir / "ssh_host_ed25519_key")
+        if user is not None:
+            users.make_node_home(node_dir, user)
         netns.run(["ip", "netns", "add", ns])
         if node.index in _faulted(sandbox, "decoy-iface"):
             _add_decoys(ns)  # first, so they come before the data interface, as on real hosts
@@ -312,9 +339,16 @@ def _build(sandbox: Sandbox) -> None:
             _write(Path("/etc/netns") / ns / "passwd", _passwd_with_root_shell(shell))
         trust = node.index not in _faulted(sandbox, "ssh-auth-failed")
         sshd_config = files.sshd_config_text(
-            node, state, trust=trust, path=BARE_PATH if bare_env else None
+            node,
+            state,
+            trust=trust,
+            path=BARE_PATH if bare_env else None,
+            password_user=user.name if user else None,
         )
         _write(node_dir / "sshd_config", sshd_config)
+    if user is not None:
+        etc_dirs = [Path("/etc/netns") / node.netns for node in sandbox.nodes]
+        users.write_login_files(state, etc_dirs, user)
 
     _write_client_files(sandbox, host_keys)
     _apply_network_faults(sandbox)
@@ -340,9 +374,22 @@ def _write_client_files(sandbox: Sandbox, host_keys: dict[int, str]) -> None:
         if node.index in _faulted(sandbox, "ssh-hostkey-changed"):
             key = _keygen(state / "nodes" / node.hostname / "previous_host_key")
         known.append((node, key))
+    _write(state / "hostfile", files.hostfile_text(sandbox.nodes, sandbox.slots))
+    if sandbox.auth == "password":
+        # Nothing is known on fresh servers; a changed key is one trusted before a reinstall.
+        changed = [(n, k) for n, k in known if n.index in _faulted(sandbox, "ssh-hostkey-changed")]
+        if changed:
+            (sandbox.home / ".ssh").mkdir(mode=0o700, exist_ok=True)
+            _write(sandbox.home / ".ssh" / "known_hosts", files.known_hosts_text(changed), 0o600)
+        user = users.SANDBOX_USER
+        _write(state / "ssh_config", files.password_ssh_config_text(sandbox.nodes, user))
+        text = files.cluster_yaml_text(
+            sandbox.nodes, state, sandbox.slots, sandbox.master_port, password_user=user
+        )
+        _write(sandbox.cluster_file, text)
+        return
     _write(state / "known_hosts", files.known_hosts_text(known))
     _write(state / "ssh_config", files.ssh_config_text(sandbox.nodes, state))
-    _write(state / "hostfile", files.hostfile_text(sandbox.nodes, sandbox.slots))
     _write(
         sandbox.cluster_file,
         files.cluster_yaml_text(sandbox.nodes, state, sandbox.slots, sandbox.master_port),
@@ -392,13 +439,15 @@ def _start_sshds(sandbox: Sandbox) -> None:
             local = node_dir / "local"
             local.mkdir(exist_ok=True)
             script = f'mount --bind "$5" "$6" && {script}'
+        if sandbox.auth == "password":  # the node's own home, at the one home path
+            script = f'mount --bind "$7" "$8" && {script}'
         argv = netns.in_netns(
             node.netns,
             [
                 "unshare", "--uts", "--mount", "sh", "-c", script, "sh",
                 node.hostname, netns.SSHD, str(node_dir / "sshd_config"),
                 str(node_dir / "sshd.log"), str(node_dir / "local"),
-                sandbox.node_local_dir or "",
+                sandbox.node_local_dir or "", str(node_dir / "home"), str(sandbox.home),
             ],
         )  # fmt: skip
         starting.append(

@@ -1,0 +1,185 @@
+"""`trainfleet setup env`: what each node needs set, recorded per node in cluster.yaml.
+
+    >>> facts = {"python": {"executable": "/opt/env/bin/python"}, "tools": {"ninja": None},
+    ...          "route_to_master": {"dev": "ens14f1"}, "interfaces": [], "cuda_home": None}
+    >>> login = {"path": "/opt/env/bin:/usr/bin", "tools": {"ninja": "/opt/env/bin/ninja"}}
+    >>> fields, notes = plan_node_env(facts, login, interface=None, env={}, master_addr=None)
+    >>> fields["interface"], fields["env"]
+    ('ens14f1', {'PATH': '/opt/env/bin:/usr/bin'})
+
+Per node: the interface that routes to the master (launch sets NCCL_SOCKET_IFNAME and
+GLOO_SOCKET_IFNAME from it), the python doctor ran there, CUDA_HOME where it can be found, and
+PATH where tools such as ninja, deepspeed or nvcc are on the node's login-shell PATH but not on
+the PATH that non-interactive ssh gets (seed 004: conda activated in ~/.bashrc only).
+Facts come from doctor's probe and from one login shell per node (`bash -lic`).
+"""
+
+from __future__ import annotations
+
+import os
+
+from trainfleet.cluster import Cluster, parse_cluster_yaml
+from trainfleet.doctor import netsel
+from trainfleet.errors import SetupError
+from trainfleet.nodeset import fold_names
+from trainfleet.remote import run_on_nodes
+from trainfleet.setup import clusterdoc, verify
+from trainfleet.setup.result import THIS_MACHINE, SetupResult, fold_notes
+
+TOOLS = ("python3", "torchrun", "deepspeed", "ninja", "nvcc")
+_LOGIN_SCRIPT = """\
+printf 'TRAINFLEET_PATH=%s\\n' "$PATH"
+printf 'TRAINFLEET_CUDA_HOME=%s\\n' "${CUDA_HOME:-}"
+for t in python3 torchrun deepspeed ninja nvcc; do
+  printf 'TRAINFLEET_TOOL=%s=%s\\n' "$t" "$(command -v "$t" 2>/dev/null)"
+done
+if [ -d /usr/local/cuda ]; then printf 'TRAINFLEET_CUDA_DIR=/usr/local/cuda\\n'; fi
+for t in torchrun deepspeed ninja; do
+  if [ -n "$1" ] && [ -x "$1/$t" ]; then printf 'TRAINFLEET_BESIDE=%s=%s\\n' "$t" "$1/$t"; fi
+done
+"""
+
+
+def login_argv(python_dir: str) -> list[str]:
+    """What a person gets after logging in: a login shell that is also interactive reads
+    /etc/profile, ~/.profile and ~/.bashrc past its "not interactive: return" guard. It also
+    looks beside the node's python (`python_dir`), where an environment's tools live."""
+    start = (
+        'if command -v bash >/dev/null; then exec bash -lic "$1" sh "$2"; fi; '
+        'exec sh -lc "$1" sh "$2"'
+    )
+    return ["sh", "-c", start, "sh", _LOGIN_SCRIPT, python_dir]
+
+
+def parse_login(stdout: str) -> dict:
+    """The login shell's PATH, CUDA_HOME and tools from its marked lines (other output of a
+    chatty ~/.bashrc is ignored)."""
+    login: dict = {"tools": {}}
+    for line in stdout.splitlines():
+        key, _, value = line.partition("=")
+        if key == "TRAINFLEET_PATH":
+            login["path"] = value
+        elif key == "TRAINFLEET_CUDA_HOME" and value:
+            login["cuda_home"] = value
+        elif key == "TRAINFLEET_CUDA_DIR":
+            login["cuda_dir"] = value
+        elif key in ("TRAINFLEET_TOOL", "TRAINFLEET_BESIDE"):
+            tool, _, path = value.partition("=")
+            kind = "tools" if key == "TRAINFLEET_TOOL" else "beside_python"
+            login.setdefault(kind, {})[tool] = path or None
+    return login
+
+
+def plan_node_env(
+    facts: dict | None,
+    login: dict,
+    *,
+    interface: str | None,
+    env: dict[str, str],
+    master_addr: str | None,
+) -> tuple[dict, list[str]]:
+    """(cluster.yaml fields for the node, notes). `facts`: doctor's facts (None when its
+    python could not run); `interface`/`env`: what cluster.yaml says for it already."""
+    fields: dict = {}
+    notes: list[str] = []
+    tools = (facts or {}).get("tools") or {}
+    found = login.get("tools") or {}
+    if facts:
+        chosen = netsel.chosen_interface(facts, master_addr)
+        if chosen and chosen != interface:
+            fields["interface"] = chosen
+        fields["python"] = facts["python"]["executable"]
+    elif found.get("python3"):
+        fields["python"] = found["python3"]
+        notes.append(
+            f"the configured python does not run there; {found['python3']} from the "
+            "login shell recorded (check that it has the training environment)"
+        )
+    # Where torch's cpp_extension would look (CUDA_HOME, else nvcc's prefix), on GPU nodes
+    # only: DeepSpeed builds its ops there (cuda-home-missing).
+    nvcc = found.get("nvcc") or tools.get("nvcc")
+    cuda_home = (
+        (facts or {}).get("cuda_home")
+        or login.get("cuda_home")
+        or (os.path.dirname(os.path.dirname(nvcc)) if nvcc else None)
+        or login.get("cuda_dir")
+    )
+    gpus = ((facts or {}).get("gpus") or {}).get("devices")
+    updates = {}
+    if gpus and cuda_home and env.get("CUDA_HOME") != cuda_home:
+        updates["CUDA_HOME"] = cuda_home
+    # Tools the non-interactive PATH lacks: beside the python (an environment not activated
+    # over ssh, seed 004), else on the login shell's PATH (activated in ~/.bashrc).
+    lacking = [t for t in TOOLS if facts and t in tools and not tools[t]]
+    beside = [t for t in lacking if (login.get("beside_python") or {}).get(t)]
+    on_login = [t for t in lacking if found.get(t)]
+    path = None
+    if beside:
+        python_dir = os.path.dirname(facts["python"]["executable"])
+        path = f"{python_dir}:{facts.get('path', '')}".rstrip(":")
+        notes.append(f"{', '.join(beside)} beside its python, not on the ssh PATH: PATH recorded")
+    elif on_login and login.get("path"):
+        path = login["path"]
+        notes.append(f"{', '.join(on_login)} only on the login PATH: that PATH recorded")
+    if path and env.get("PATH") != path:
+        updates["PATH"] = path
+    if updates:
+        fields["env"] = updates
+    return fields, notes
+
+
+def setup_env(
+    cluster: Cluster,
+    *,
+    cluster_in: str | None = None,
+    cluster_out: str | None = None,
+    dry_run: bool = False,
+) -> SetupResult:
+    """Record each node's interface, python, CUDA_HOME and PATH in cluster.yaml."""
+    result = SetupResult(step="env", dry_run=dry_run)
+    survey = verify.survey(cluster, verify.ENV)
+    argv = {
+        n.host: login_argv(os.path.dirname(survey.facts[n.host]["python"]["executable"]))
+        if n.host in survey.facts
+        else login_argv("")
+        for n in cluster.nodes
+    }
+    logins = {r.node: r for r in run_on_nodes(cluster.nodes, argv, timeout=30)}
+    down = [h for h, r in logins.items() if r.failure.is_connection_failure]
+    if down:
+        raise SetupError(
+            f"cannot reach {fold_names(down)}: {logins[down[0]].reason()}",
+            "fix ssh first (`trainfleet setup ssh`)",
+        )
+    fields, node_notes = {}, []
+    for node in cluster.nodes:
+        node_fields, notes = plan_node_env(
+            survey.facts.get(node.host),
+            parse_login(logins[node.host].stdout),
+            interface=node.interface,
+            env=dict(node.env),
+            master_addr=survey.master_addr,
+        )
+        fields[node.host] = node_fields
+        node_notes += [f"{node.host}: {note}" for note in notes]
+    result.notes += fold_notes(node_notes)
+    out = cluster_out or cluster_in or "cluster.yaml"
+    header, doc = clusterdoc.base_document(cluster, cluster_in, out)
+    new_doc = clusterdoc.with_node_fields(doc, fields)
+    text = clusterdoc.text_of(new_doc, header)
+    done = clusterdoc.write(out, text, dry_run=dry_run)
+    if done:
+        result.add(THIS_MACHINE, done)
+        for host, change in clusterdoc.node_changes(doc, new_doc).items():
+            result.add(host, change)
+    result.files["cluster"] = out
+    checked = parse_cluster_yaml(text, out) if not dry_run else cluster
+    result.checks = [verify.ENV.label]
+    result.findings = verify.findings(verify.survey(checked, verify.ENV), verify.ENV)
+    with_path = {n.host for n in checked.nodes if "PATH" in n.env}
+    if any(f.id == "remote-env-differs" and with_path & set(f.nodes) for f in result.findings):
+        result.note(
+            "doctor checks the raw non-interactive PATH; `trainfleet launch` sets the "
+            "PATH recorded in cluster.yaml on each node"
+        )
+    return result

@@ -1,0 +1,198 @@
+"""The minimal firewall rule that lets the cluster's nodes reach each other over TCP, for the
+firewall that is active on a node; pure functions of doctor's facts.
+
+    >>> print(allow_rules("iptables", "ens14f0", ["10.0.0.12"])[0].text)
+    iptables -I INPUT -i ens14f0 -s 10.0.0.12/32 -p tcp -m comment --comment trainfleet -j ACCEPT
+    >>> allow_rules("ufw", "eth0", ["10.0.0.12"])[0].revert
+    ('ufw', 'delete', 'allow', 'in', 'on', 'eth0', 'from', '10.0.0.12', 'to', 'any', 'proto', 'tcp')
+
+One rule per peer node: TCP from that node's address, in on the data interface, accepted
+ahead of the rules that drop (NCCL's and gloo's ports are random, so no port list is narrower
+and still works). Every rule carries the comment `trainfleet`, and each has the exact command
+that removes it again; `fwapply` records those. A firewall is never disabled or flushed.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+
+TAG = "trainfleet"
+"""The comment on every rule setup adds: how a person (and --revert's checks) tell them apart."""
+BACKENDS = ("iptables", "nftables", "ufw", "firewalld")
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    backend: str
+    apply: tuple[str, ...]
+    """argv that adds the rule (nftables: it echoes the new rule's handle)."""
+    revert: tuple[str, ...]
+    """argv that removes exactly this rule (nftables: completed with the handle once known)."""
+    peer: str
+
+    @property
+    def text(self) -> str:
+        return shlex.join(a for a in self.apply if a not in ("--echo", "--handle"))
+
+    def to_json(self) -> dict:
+        return {
+            "backend": self.backend,
+            "text": self.text,
+            "peer": self.peer,
+            "apply": list(self.apply),
+            "revert": list(self.revert),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class NftChain:
+    family: str
+    table: str
+    chain: str
+    filters: bool
+    """Its policy is drop, or it holds a drop/reject rule."""
+
+
+def nft_input_chains(ruleset: str) -> list[NftChain]:
+    """Base chains on the input hook in `nft list ruleset` text."""
+    chains, table, chain, hooked, filters = [], None, None, False, False
+
+    def close() -> None:
+        if table and chain and hooked:
+            chains.append(NftChain(table[0], table[1], chain, filters))
+
+    for raw in ruleset.splitlines():
+        line = raw.strip()
+        if m := re.match(r"table (\w+) (\S+) \{", line):
+            close()
+            table, chain, hooked, filters = (m.group(1), m.group(2)), None, False, False
+        elif m := re.match(r"chain (\S+) \{", line):
+            close()
+            chain, hooked, filters = m.group(1), False, False
+        elif chain and "hook input" in line:
+            hooked = True
+            filters = filters or "policy drop" in line
+        elif chain and re.search(r"\b(drop|reject)\b", line):
+            filters = True
+    close()
+    return chains
+
+
+def _iptables_filters(rules: str) -> bool:
+    """`iptables -S` output drops or rejects something on input."""
+    return any(
+        line.startswith(("-P INPUT DROP", "-A INPUT")) and ("DROP" in line or "REJECT" in line)
+        for line in rules.splitlines()
+    )
+
+
+def active_backends(firewall: dict) -> list[str]:
+    """The firewalls that filter input on a node, from doctor's `firewall` facts; ufw and
+    firewalld manage the kernel's rules themselves, so when one of them is on, only it."""
+    if (firewall.get("ufw") or {}).get("out", "").startswith("Status: active"):
+        return ["ufw"]
+    if (firewall.get("firewalld") or {}).get("out", "").strip() == "running":
+        return ["firewalld"]
+    found = []
+    iptables = firewall.get("iptables") or {}
+    if iptables.get("rc") == 0 and _iptables_filters(iptables.get("out", "")):
+        found.append("iptables")
+    if nft_chains_to_open(firewall, skip_iptables="iptables" in found):
+        found.append("nftables")
+    return found
+
+
+def nft_chains_to_open(firewall: dict, *, skip_iptables: bool) -> list[NftChain]:
+    """Input chains that filter, except iptables-nft's own tables when iptables handles them
+    (a packet must be accepted by every base chain on the hook)."""
+    nft = firewall.get("nft") or {}
+    if nft.get("rc") != 0:
+        return []
+    own = {("ip", "filter"), ("ip6", "filter")} if skip_iptables else set()
+    return [
+        c
+        for c in nft_input_chains(nft.get("out", ""))
+        if c.filters and (c.family, c.table) not in own
+    ]
+
+
+def _iptables(iface: str, peer: str, **_) -> list[Rule]:
+    spec = ("-i", iface, "-s", f"{peer}/32", *"-p tcp -m comment --comment".split(), TAG)
+    spec += ("-j", "ACCEPT")
+    return [
+        Rule(
+            "iptables", ("iptables", "-I", "INPUT", *spec), ("iptables", "-D", "INPUT", *spec), peer
+        )
+    ]
+
+
+def _nftables(iface: str, peer: str, *, chains: list[NftChain], **_) -> list[Rule]:
+    spec = ("iifname", iface, "ip", "saddr", peer, *"meta l4proto tcp accept comment".split(), TAG)
+    rules = []
+    for c in chains:
+        where = (c.family, c.table, c.chain)
+        add = ("nft", "--echo", "--handle", "insert", "rule", *where, *spec)
+        rules.append(Rule("nftables", add, ("nft", "delete", "rule", *where, "handle"), peer))
+    return rules
+
+
+def _ufw(iface: str, peer: str, **_) -> list[Rule]:
+    spec = ("allow", "in", "on", iface, "from", peer, *"to any proto tcp".split())
+    return [
+        Rule("ufw", ("ufw", "insert", "1", *spec, "comment", TAG), ("ufw", "delete", *spec), peer)
+    ]
+
+
+def _firewalld(iface: str, peer: str, *, zone: str | None, **_) -> list[Rule]:
+    rich = (
+        f'rule family="ipv4" source address="{peer}/32" port port="1-65535" protocol="tcp" accept'
+    )
+    target = ("firewall-cmd", *([f"--zone={zone}"] if zone else []))
+    # Runtime and permanent, so that neither a reload nor a reboot loses it; each removed alike.
+    return [
+        Rule(
+            "firewalld",
+            (*target, *keep, f"--add-rich-rule={rich}"),
+            (*target, *keep, f"--remove-rich-rule={rich}"),
+            peer,
+        )
+        for keep in ((), ("--permanent",))
+    ]
+
+
+_RULES = {"iptables": _iptables, "nftables": _nftables, "ufw": _ufw, "firewalld": _firewalld}
+
+
+def allow_rules(
+    backend: str,
+    iface: str,
+    peers: list[str],
+    *,
+    chains: list[NftChain] = (),
+    zone: str | None = None,
+) -> list[Rule]:
+    """The rules for one node: TCP from each peer address, in on `iface`. `chains`: the
+    nftables input chains to open; `zone`: firewalld's zone of `iface` (None: the default)."""
+    if backend not in _RULES:
+        raise ValueError(f"unknown firewall backend {backend!r}")
+    return [
+        rule
+        for peer in peers
+        for rule in _RULES[backend](iface, peer, chains=list(chains), zone=zone)
+    ]
+
+
+def nft_handle(output: str) -> str | None:
+    """The handle `nft --echo --handle insert rule ...` printed for the new rule."""
+    match = re.search(r"# handle (\d+)", output)
+    return match.group(1) if match else None
+
+
+def already_present(backend: str, output: str) -> bool:
+    """The tool did not add the rule because an identical one was there (then it is the
+    user's, and --revert must not remove it)."""
+    return backend in ("ufw", "firewalld") and (
+        "Skipping adding existing rule" in output or "ALREADY_ENABLED" in output
+    )

@@ -1,0 +1,186 @@
+"""`trainfleet setup firewall`: print, apply (and record) or revert the rules of `firewall`.
+
+    >>> rules, notes = plan_rules(survey, ["gpu-node-1"], zones={})  # doctest: +SKIP
+
+Where doctor finds TCP between nodes dropped (firewall-blocks-ports), each such node gets one
+rule per peer for its active firewall. `--apply` shows them, asks, adds them one by one and
+records each in the state file with the exact command that removes it (for nftables, with
+the handle the kernel gave it) right after it was added, so that `--revert` removes exactly
+what was added, also after a partial failure, and nothing else: a rule that was already
+there is never recorded, a rule that is gone already is only noted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from trainfleet.cluster import Cluster, Node
+from trainfleet.doctor import netsel
+from trainfleet.doctor.checks.network import chosen_interfaces
+from trainfleet.doctor.collect import Survey
+from trainfleet.errors import SetupError
+from trainfleet.remote import run_on_nodes
+from trainfleet.setup import firewall, verify
+from trainfleet.setup.fwstate import (
+    default_state_file,
+    load_state,
+    revert_rules,
+    run_in_turn,
+    save_state,
+)
+from trainfleet.setup.result import Confirm, SetupResult
+
+TIMEOUT_S = 30
+
+
+def _address(facts: dict, iface: str | None) -> str | None:
+    for entry in netsel.ifaces_of(facts):
+        if entry["name"] == iface and entry.get("ipv4"):
+            return entry["ipv4"][0].split("/")[0]
+    return None
+
+
+def plan_rules(
+    survey: Survey, blocked: Sequence[str], zones: dict[str, str]
+) -> tuple[dict[str, list[firewall.Rule]], list[str]]:
+    """The rules for each blocked node, and notes for those no rule can be found for."""
+    chosen = chosen_interfaces(survey)
+    rules, notes = {}, []
+    for host in blocked:
+        facts = survey.facts[host]
+        peers = [
+            a
+            for peer, sheet in survey.facts.items()
+            if peer != host and (a := _address(sheet, chosen.get(peer)))
+        ]
+        backends = firewall.active_backends(facts.get("firewall") or {})
+        if not backends:
+            notes.append(
+                f"{host}: TCP to it is dropped, but no iptables/nftables/ufw/firewalld "
+                "rule that drops was readable there (not root?), or the filter is "
+                "outside the node (a cloud security group)"
+            )
+            continue
+        chains = firewall.nft_chains_to_open(
+            facts["firewall"], skip_iptables="iptables" in backends
+        )
+        rules[host] = [
+            rule
+            for backend in backends
+            for rule in firewall.allow_rules(
+                backend, chosen[host], peers, chains=chains, zone=zones.get(host)
+            )
+        ]
+    return rules, notes
+
+
+def _firewalld_zones(cluster: Cluster, survey: Survey, blocked: list[str]) -> dict[str, str]:
+    chosen = chosen_interfaces(survey)
+    hosts = [
+        h
+        for h in blocked
+        if "firewalld" in firewall.active_backends(survey.facts[h].get("firewall") or {})
+    ]
+    if not hosts:
+        return {}
+    argv = {h: ["firewall-cmd", f"--get-zone-of-interface={chosen[h]}"] for h in hosts}
+    results = run_on_nodes([cluster.node(h) for h in hosts], argv, timeout=TIMEOUT_S)
+    return {r.node: r.stdout.strip() for r in results if r.ok and r.stdout.strip()}
+
+
+def _sudo(nodes: Sequence[Node]) -> dict[str, list[str]]:
+    """`sudo -n` for nodes where the ssh user is not root (firewall tools need root)."""
+    results = run_on_nodes(nodes, ["id", "-u"], timeout=TIMEOUT_S)
+    return {r.node: [] if r.stdout.strip() == "0" else ["sudo", "-n"] for r in results}
+
+
+def apply_rules(
+    cluster: Cluster, rules: dict[str, list[firewall.Rule]], state_file: str, result: SetupResult
+) -> None:
+    state = load_state(state_file)
+    state["cluster"] = cluster.source
+    sudo = _sudo([cluster.node(h) for h in rules])
+    argvs = {h: [sudo[h] + list(r.apply) for r in rs] for h, rs in rules.items()}
+    failed = []
+    for i, results in run_in_turn(cluster, argvs):
+        for r in results:
+            rule = rules[r.node][i]
+            if not r.ok:
+                failed.append(f"{r.node}: `{rule.text}`: {r.reason()}")
+                argvs[r.node] = argvs[r.node][: i + 1]  # stop there on that node
+                continue
+            if firewall.already_present(rule.backend, r.stdout + r.stderr):
+                result.note(
+                    f"{r.node}: already there (not recorded, so never removed): {rule.text}"
+                )
+                continue
+            revert = list(rule.revert)
+            if rule.backend == "nftables":
+                revert.append(firewall.nft_handle(r.stdout) or "?")
+            state["nodes"].setdefault(r.node, []).append(
+                {"backend": rule.backend, "text": rule.text, "revert": sudo[r.node] + revert}
+            )
+            save_state(state_file, state)  # recorded at once: a failure later loses nothing
+            result.add(r.node, f"added ({rule.backend}): {rule.text}")
+    if failed:
+        raise SetupError(
+            "; ".join(failed),
+            f"what was added is recorded in {state_file}; "
+            "`trainfleet setup firewall --revert` removes it",
+        )
+
+
+def setup_firewall(
+    cluster: Cluster,
+    *,
+    mode: str,
+    state_file: str | None = None,
+    cluster_in: str | None = None,
+    confirm: Confirm,
+    dry_run: bool = False,
+) -> SetupResult:
+    """mode 'print': the rules that doctor's findings call for; 'apply': add them after
+    `confirm`; 'revert': remove what 'apply' recorded. Ends with doctor's firewall check."""
+    state_file = state_file or default_state_file(cluster_in)
+    result = SetupResult(step="firewall", dry_run=dry_run)
+    if mode == "revert":
+        result.fail_at = None  # the finding is expected back: it is what --revert restores
+        if dry_run:
+            for host, items in load_state(state_file)["nodes"].items():
+                for item in items:
+                    result.add(host, f"would remove ({item['backend']}): {item['text']}")
+        else:
+            revert_rules(cluster, state_file, result)
+    else:
+        survey = verify.survey(cluster, verify.FIREWALL)
+        found = verify.findings(survey, verify.FIREWALL)
+        blocked = [h for f in found if f.id == "firewall-blocks-ports" for h in f.nodes]
+        zones = _firewalld_zones(cluster, survey, blocked)
+        rules, notes = plan_rules(survey, blocked, zones)
+        result.notes += notes
+        shown = [f"  {host}: {rule.text}" for host, rs in rules.items() for rule in rs]
+        if mode == "print" or dry_run:
+            result.dry_run = True  # printing the rules is what a dry run of --apply shows
+            for host, host_rules in rules.items():
+                for rule in host_rules:
+                    result.add(host, f"would add ({rule.backend}): {rule.text}")
+            if rules and mode == "print":
+                result.note(
+                    f"`--apply` adds them (recorded in {state_file}); `--revert` "
+                    "removes exactly those"
+                )
+        elif rules:
+            question = "\n".join(["firewall rules to add (TCP from the other nodes only):", *shown])
+            if not confirm(question + "\nadd them?"):
+                raise SetupError(
+                    "the firewall rules were not confirmed; nothing was changed",
+                    "run again and answer yes, or pass --yes",
+                )
+            apply_rules(cluster, rules, state_file, result)
+        if mode == "print" or dry_run or not rules:
+            result.checks, result.findings = [verify.FIREWALL.label], found
+            return result
+    survey = verify.survey(cluster, verify.FIREWALL)
+    result.checks = [verify.FIREWALL.label]
+    result.findings = verify.findings(survey, verify.FIREWALL)
+    return result

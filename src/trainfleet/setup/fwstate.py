@@ -1,0 +1,114 @@
+"""What `setup firewall --apply` added, per node, and `--revert`, which removes exactly that.
+
+    >>> default_state_file("/data/cluster.yaml")
+    '/data/cluster.yaml.firewall.json'
+
+The state file lists, per node, each rule that was added and the exact argv that removes it
+(for nftables with its handle; with `sudo -n` where the login is not root). It is written
+after every single rule, so a failure half way loses nothing; entries leave it only once their
+rule is gone, and the file goes when it is empty.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from trainfleet.cluster import Cluster
+from trainfleet.errors import SetupError
+from trainfleet.remote import run_on_nodes
+from trainfleet.setup import firewall
+from trainfleet.setup.result import SetupResult
+
+TIMEOUT_S = 30
+
+
+def default_state_file(cluster_in: str | None) -> str:
+    if cluster_in:
+        return f"{cluster_in}.firewall.json"
+    return str(Path.home() / ".trainfleet" / "firewall.json")
+
+
+def load_state(path: str) -> dict:
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        return {"version": 1, "nodes": {}}
+    except ValueError as exc:
+        raise SetupError(f"{path} is not a firewall state file ({exc})", "check the path") from None
+
+
+def save_state(path: str, state: dict) -> None:
+    if not any(state["nodes"].values()):
+        Path(path).unlink(missing_ok=True)
+        return
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(f"{path}.tmp")
+    tmp.write_text(json.dumps(state, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def run_in_turn(cluster: Cluster, argvs: dict[str, list[list[str]]]):
+    """Each node's argvs one after another, nodes at once; yields (round, results)."""
+    for i in range(max((len(a) for a in argvs.values()), default=0)):
+        hosts = [h for h, a in argvs.items() if i < len(a)]
+        yield (
+            i,
+            run_on_nodes(
+                [cluster.node(h) for h in hosts], {h: argvs[h][i] for h in hosts}, timeout=TIMEOUT_S
+            ),
+        )
+
+
+_GONE = ("Bad rule", "does a matching rule exist", "non-existent rule", "NOT_ENABLED")
+
+
+def _nft_still_ours(cluster: Cluster, host: str, revert: list[str]) -> bool:
+    """The handle still names a rule of ours (handles are reused after a flush)."""
+    where = revert.index("delete")
+    listing = [*revert[:where], "-a", "list", "chain", *revert[where + 2 : -2]]
+    [out] = run_on_nodes([cluster.node(host)], listing, timeout=TIMEOUT_S)
+    handle = f"# handle {revert[-1]}"
+    return any(
+        handle in line and f'comment "{firewall.TAG}"' in line for line in out.stdout.splitlines()
+    )
+
+
+def revert_rules(cluster: Cluster, state_file: str, result: SetupResult) -> None:
+    state = load_state(state_file)
+    entries = {h: list(reversed(e)) for h, e in state["nodes"].items() if e}
+    unknown = [h for h in entries if h not in {n.host for n in cluster.nodes}]
+    if unknown:
+        raise SetupError(
+            f"{state_file} lists {', '.join(unknown)}, not in this cluster",
+            "pass the same cluster as with --apply",
+        )
+    argvs = {}
+    for host, items in entries.items():
+        keep = []
+        for item in items:
+            if item["backend"] == "nftables" and not _nft_still_ours(cluster, host, item["revert"]):
+                result.note(f"{host}: already gone: {item['text']}")
+                state["nodes"][host].remove(item)
+                continue
+            keep.append(item)
+        entries[host] = keep
+        argvs[host] = [item["revert"] for item in keep]
+    failed = []
+    for i, results in run_in_turn(cluster, argvs):
+        for r in results:
+            item = entries[r.node][i]
+            gone = not r.ok and any(text in r.stdout + r.stderr for text in _GONE)
+            if r.ok or gone:
+                state["nodes"][r.node].remove(item)
+                save_state(state_file, state)
+                if gone:
+                    result.note(f"{r.node}: already gone: {item['text']}")
+                else:
+                    result.add(r.node, f"removed ({item['backend']}): {item['text']}")
+            else:
+                failed.append(f"{r.node}: {r.reason()}")
+    save_state(state_file, state)
+    if failed:
+        raise SetupError("; ".join(failed), f"the rules not removed stay in {state_file}")

@@ -1,0 +1,155 @@
+"""`trainfleet sync [DIR]`: the same code at the same path on every node that does not share
+this machine's copy, so that doctor's `code-differs` goes away.
+
+    >>> storage_groups({"a": {"active": {"shared": {"b": True}}},
+    ...                 "b": {"active": {"shared": {"a": True}}}, "c": {}})
+    [['a', 'b'], ['c']]
+
+Facts from doctor's full probe with DIR as the working directory: each node's code hash (the
+same files doctor compares) and which nodes see each other's files (shared storage). A node
+gets a copy only when its hash differs from this machine's, and of nodes that share storage
+only the first: copying over NFS once is enough, and N writers at once are not safe. rsync
+over ssh (with --delete) when both sides have it, else tar over ssh and a prune (`transfer`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+
+from trainfleet.cluster import Cluster
+from trainfleet.errors import SetupError
+from trainfleet.nodeset import fold_names
+from trainfleet.probe import code_hash
+from trainfleet.remote import run_on_nodes
+from trainfleet.setup import verify
+from trainfleet.setup.result import Confirm, SetupResult
+from trainfleet.setup.transfer import choose_method, copy_to
+
+DEFAULT_EXCLUDES = (
+    ".git",
+    "__pycache__",
+    ".venv",
+    "venv",
+    "node_modules",
+    "runs",
+    "outputs",
+    "wandb",
+    ".trainfleet-doctor-*",
+    "trainfleet-runs",
+)
+"""Not code: history, caches, environments and run outputs (which --delete must never touch)."""
+
+
+def storage_groups(facts: dict[str, dict]) -> list[list[str]]:
+    """Nodes that see each other's files (doctor's shared-storage tokens), grouped, in order."""
+    group_of = {host: [host] for host in facts}
+    for host, sheet in facts.items():
+        for peer, seen in (sheet.get("active") or {}).get("shared", {}).items():
+            if seen and peer in group_of and group_of[peer] is not group_of[host]:
+                merged = group_of[host] + group_of[peer]
+                for member in merged:
+                    group_of[member] = merged
+    order = list(facts)
+    groups = []
+    for host in facts:
+        if group_of[host] not in groups:
+            groups.append(group_of[host])
+    return [sorted(g, key=order.index) for g in groups]
+
+
+def copy_targets(facts: dict[str, dict], local_hash: str | None) -> tuple[list[str], list[str]]:
+    """(nodes to copy to, nodes whose copy is the same already or shared with a copied one)."""
+    targets, same = [], []
+    for group in storage_groups(facts):
+        hashes = [((facts[h].get("code") or {}).get("sha256")) for h in group]
+        if local_hash and all(value == local_hash for value in hashes):
+            same += group
+        else:
+            targets.append(group[0])
+            same += group[1:]
+    return targets, same
+
+
+def _check_directory(directory: str) -> str:
+    path = Path(directory).expanduser().resolve()
+    if not path.is_dir():
+        raise SetupError(f"{directory} is not a directory here", "pass the code directory")
+    if path == Path("/") or path in (Path.home(), *Path.home().parents):
+        raise SetupError(
+            f"refusing to sync {path} (/ or a home directory) with --delete",
+            "pass the project's own directory",
+        )
+    return str(path)
+
+
+def sync_code(
+    cluster: Cluster,
+    directory: str,
+    *,
+    method: str = "auto",
+    excludes: Sequence[str] = DEFAULT_EXCLUDES,
+    confirm: Confirm,
+    dry_run: bool = False,
+) -> SetupResult:
+    """Copy `directory` to the same path on every node whose copy differs from this one."""
+    directory = _check_directory(directory)
+    cluster = replace(cluster, workdir=directory)  # doctor hashes and tests this directory
+    result = SetupResult(step="sync", dry_run=dry_run)
+    survey = verify.survey(cluster, verify.SYNC)
+    down = [host for host in survey.failed]
+    if down:
+        raise SetupError(
+            f"cannot examine {fold_names(down)}: "
+            + "; ".join(r.reason() for r in survey.failed.values()),
+            "fix ssh first (`trainfleet setup ssh`)",
+        )
+    local = code_hash(directory).get("sha256")
+    targets, same = copy_targets({n.host: survey.facts[n.host] for n in cluster.nodes}, local)
+    shared = [h for h in same if (survey.facts[h].get("code") or {}).get("sha256") != local]
+    if shared:
+        result.note(f"{fold_names(shared)} share storage with a node copied to: copied once")
+    if not targets:
+        result.checks = [verify.SYNC.label]
+        result.findings = verify.findings(survey, verify.SYNC)
+        return result
+    nodes = [cluster.node(h) for h in targets]
+    probe = run_on_nodes(nodes, ["sh", "-c", "command -v rsync"], timeout=30)
+    methods = choose_method(method, {r.node: r.ok for r in probe})
+    verb = "would copy" if dry_run else "copied"
+    plan = [
+        f"  {h}: {directory} ({methods[h]}{' --delete' if methods[h] == 'rsync' else ''})"
+        for h in targets
+    ]
+    if dry_run:
+        for host in targets:
+            result.add(host, f"{verb} {directory} ({methods[host]})")
+        return result
+    if not confirm("\n".join([f"copy this machine's {directory} to:", *plan, "go ahead?"])):
+        raise SetupError(
+            "the copy was not confirmed; nothing was changed",
+            "run again and answer yes, or pass --yes",
+        )
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        errors = dict(
+            zip(
+                targets,
+                pool.map(lambda n: copy_to(n, directory, methods[n.host], excludes), nodes),
+                strict=True,
+            )
+        )
+    failed = {h: e for h, e in errors.items() if e}
+    for host in targets:
+        if host not in failed:
+            result.add(host, f"{verb} {directory} ({methods[host]})")
+    if failed:
+        raise SetupError(
+            "; ".join(f"{h}: {e}" for h, e in failed.items()),
+            "check the path's permissions on those nodes",
+        )
+    survey = verify.survey(cluster, verify.SYNC)
+    result.checks = [verify.SYNC.label]
+    result.findings = verify.findings(survey, verify.SYNC)
+    return result

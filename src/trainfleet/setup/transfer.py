@@ -1,0 +1,154 @@
+"""How `sync` copies a directory to a node: rsync over ssh, or tar over ssh plus a prune, both
+leaving exactly this machine's files (but the excluded ones, never touched) at the same path.
+
+    >>> is_excluded("pkg/__pycache__/m.pyc", ["__pycache__"]), is_excluded("pkg/m.py", ["*.pyc"])
+    (True, False)
+
+rsync does it with --delete. tar cannot delete, so after the archive is unpacked a small
+stdlib job removes what this machine does not have (the file list travels with it); without
+that, a file deleted here would stay on the node, and doctor would still see the code differ.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import shlex
+import shutil
+import subprocess
+from collections.abc import Sequence
+
+from trainfleet.cluster import Node
+from trainfleet.remote import node_argv, run_on_nodes, ssh_options
+
+COPY_TIMEOUT_S = 3600
+
+# Removes files and then empty directories under ROOT that are not in KEEP and not excluded.
+# stdin: {"root", "keep", "excludes"}; stdout: how many were removed. Python 3.8 syntax.
+_PRUNE = """\
+import fnmatch, json, os, sys
+job = json.load(sys.stdin)
+root, keep, pats = job["root"], set(job["keep"]), job["excludes"]
+out = lambda rel: any(fnmatch.fnmatch(p, x) for p in rel.split("/") for x in pats)
+n = 0
+for base, dirs, files in os.walk(root, topdown=False):
+    for name in files + [d for d in dirs if os.path.islink(os.path.join(base, d))]:
+        rel = os.path.relpath(os.path.join(base, name), root)
+        if rel not in keep and not out(rel):
+            os.unlink(os.path.join(base, name)); n += 1
+    for name in dirs:
+        path = os.path.join(base, name)
+        rel = os.path.relpath(path, root)
+        if rel not in keep and not out(rel) and not os.path.islink(path) and not os.listdir(path):
+            os.rmdir(path); n += 1
+print(n)
+"""
+
+
+def is_excluded(rel: str, excludes: Sequence[str]) -> bool:
+    """A path is left out when any of its components matches a pattern (as rsync and tar do
+    for patterns without '/')."""
+    return any(fnmatch.fnmatch(part, p) for part in rel.split("/") for p in excludes)
+
+
+def members(directory: str, excludes: Sequence[str]) -> list[str]:
+    """Relative paths under `directory` that are copied (directories included), sorted."""
+    found = []
+    for base, dirs, files in os.walk(directory):
+        rel_base = os.path.relpath(base, directory)
+        dirs[:] = sorted(d for d in dirs if not is_excluded(_join(rel_base, d), excludes))
+        found += [_join(rel_base, d) for d in dirs]
+        found += [
+            _join(rel_base, f)
+            for f in sorted(files)
+            if not is_excluded(_join(rel_base, f), excludes)
+        ]
+    return sorted(found)
+
+
+def _join(base: str, name: str) -> str:
+    return name if base == "." else f"{base}/{name}"
+
+
+def rsync_argv(node: Node, directory: str, excludes: Sequence[str]) -> list[str]:
+    ssh = shlex.join(["ssh", *ssh_options(node.ssh)])  # rsync splits -e like a shell would
+    remote = f"[{node.host}]" if ":" in node.host else node.host
+    return [
+        "rsync",
+        "-a",
+        # Files only on the node go, but excluded ones (outputs, envs) are never touched.
+        "--delete",
+        # DIR reaches the remote rsync as one word, whatever characters it holds.
+        "--protect-args",
+        *[f"--exclude={pattern}" for pattern in excludes],
+        "-e",
+        ssh,
+        f"{directory.rstrip('/')}/",
+        f"{remote}:{directory.rstrip('/')}/",
+    ]
+
+
+def tar_create_argv(directory: str) -> list[str]:
+    # The exact member list comes on stdin (NUL-separated): what is copied is what `members`
+    # says, and the prune on the node keeps exactly that.
+    return ["tar", "-C", directory, "--null", "--no-recursion", "-T", "-", "-cf", "-"]
+
+
+def tar_extract_argv(node: Node, directory: str) -> list[str]:
+    script = 'mkdir -p -- "$1" && exec tar -C "$1" -xf -'
+    return node_argv(node, ["sh", "-c", script, "sh", directory])
+
+
+def _tar_copy(node: Node, directory: str, excludes: Sequence[str]) -> str:
+    keep = members(directory, excludes)
+    create = subprocess.Popen(
+        tar_create_argv(directory),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    extract = subprocess.Popen(
+        tar_extract_argv(node, directory),
+        stdin=create.stdout,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    create.stdout.close()  # the extracting ssh holds the pipe now
+    create.stdin.write(b"".join(m.encode() + b"\0" for m in keep))
+    create.stdin.close()
+    _, extract_err = extract.communicate(timeout=COPY_TIMEOUT_S)
+    create_err = create.stderr.read().decode(errors="replace")
+    create.wait()
+    if create.returncode != 0:
+        return f"tar here: {create_err.strip()}"
+    if extract.returncode != 0:
+        return extract_err.decode(errors="replace").strip() or f"exit {extract.returncode}"
+    job = json.dumps({"root": directory, "keep": keep, "excludes": list(excludes)}).encode()
+    [pruned] = run_on_nodes([node], ["python3", "-c", _PRUNE], stdin=job, timeout=120)
+    return "" if pruned.ok else f"removing files only on the node: {pruned.reason()}"
+
+
+def copy_to(node: Node, directory: str, method: str, excludes: Sequence[str]) -> str:
+    """Copy `directory` to the same path on the node; '' when done, else the error text."""
+    if method == "tar":
+        return _tar_copy(node, directory, excludes)
+    done = subprocess.run(
+        rsync_argv(node, directory, excludes),
+        capture_output=True,
+        text=True,
+        timeout=COPY_TIMEOUT_S,
+        check=False,
+    )
+    return "" if done.returncode == 0 else (done.stderr.strip() or f"exit {done.returncode}")
+
+
+def choose_method(requested: str, remote_has_rsync: dict[str, bool]) -> dict[str, str]:
+    """Per node: rsync where it and this machine have it (auto), else tar."""
+    here = shutil.which("rsync") is not None
+    if requested == "tar":
+        return {host: "tar" for host in remote_has_rsync}
+    return {
+        host: "rsync" if requested == "rsync" or (here and has) else "tar"
+        for host, has in remote_has_rsync.items()
+    }

@@ -1,0 +1,309 @@
+"""`trainfleet setup` and `sync` against real sandboxes: fresh servers that accept only a
+password, a changed host key, a firewall that drops NCCL's ports, nodes without shared
+storage. Each step must end in a clean doctor, and a second run must change nothing.
+
+The sandboxes are named setup1..setup5 on 10.219.K.0/24: no other test module uses those
+names or that range. The user's own ~/.ssh is never read or written (checked after each test).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from trainfleet import sandbox
+from trainfleet.cli.main import main
+from trainfleet.cluster import load_cluster
+from trainfleet.doctor import run_doctor
+from trainfleet.doctor.fix import fingerprint
+from trainfleet.examples import ALLREDUCE
+from trainfleet.remote import Failure, run_on_nodes
+
+pytestmark = pytest.mark.cluster
+
+
+def _tree(*roots: Path) -> dict[str, str]:
+    """Every file under `roots` with a hash of its content (to see that nothing changed)."""
+    found = {}
+    for root in roots:
+        for path in sorted(p for p in root.rglob("*") if p.is_file()) if root.exists() else []:
+            found[str(path)] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return found
+
+
+@pytest.fixture(autouse=True)
+def users_own_ssh_dir_is_untouched():
+    before = _tree(Path.home() / ".ssh")
+    yield
+    assert _tree(Path.home() / ".ssh") == before
+
+
+@pytest.fixture
+def make_box():
+    made: list[str] = []
+
+    def _make(index: int, **kwargs) -> sandbox.Sandbox:
+        name = f"setup{index}"
+        sandbox.down(name)  # what an interrupted run left
+        made.append(name)
+        return sandbox.up(name=name, subnet=f"10.219.{index}.0/24", **kwargs)
+
+    yield _make
+    for name in made:
+        sandbox.down(name)
+
+
+def _run(argv: list[str], capsys, monkeypatch, stdin: str = "") -> tuple[int, str, str]:
+    monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _changes(doc: dict) -> dict[str, list[str]]:
+    by_node: dict[str, list[str]] = {}
+    for change in doc["changes"]:
+        by_node.setdefault(change["node"], []).append(change["what"])
+    return by_node
+
+
+def _launch(*args: str) -> tuple[int, str]:
+    argv = [sys.executable, "-m", "trainfleet", "launch", *args, "--", str(ALLREDUCE)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=180)
+    return done.returncode, done.stdout + done.stderr
+
+
+def test_password_only_servers_get_full_trust_and_a_second_run_changes_nothing(
+    make_box, capsys, monkeypatch
+):
+    box = make_box(1, nodes=3, auth="password")
+    cluster = load_cluster(cluster_file=str(box.cluster_file))
+    fresh = run_on_nodes(cluster.nodes, ["true"])
+    assert {r.failure for r in fresh} == {Failure.HOSTKEY_UNKNOWN}  # nothing is known yet
+    password = box.password_file.read_text().strip()
+    argv = ["setup", "ssh", "-c", str(box.cluster_file), "--password-stdin", "--yes", "--json"]
+
+    code, out, err = _run(argv, capsys, monkeypatch, stdin=password + "\n")
+
+    doc = json.loads(out)
+    assert code == 0, (doc, err)
+    assert doc["findings"] == [] and doc["checks"]
+    assert "trust these keys?" in err and "ssh-ed25519 SHA256:" in err  # shown, then --yes
+    changes = _changes(doc)
+    for host in ("gpu-node-1", "gpu-node-2", "gpu-node-3"):
+        assert any("password used once, not kept" in c for c in changes[host]), changes
+        assert any(c.startswith("created key") for c in changes[host])
+        assert "~/.ssh/authorized_keys: added the key(s) of gpu-node-[1-3]" in changes[host]
+    # doctor itself (full: the N x N matrix) agrees, every pair including each node to itself
+    report = run_doctor(cluster)
+    assert [f.id for f in report.findings if f.id.startswith("ssh-")] == []
+    for host, facts in report.survey.facts.items():
+        matrix = facts["active"]["ssh"]
+        assert sorted(matrix) == ["gpu-node-1", "gpu-node-2", "gpu-node-3"], host
+        assert all(outcome["rc"] == 0 for outcome in matrix.values()), (host, matrix)
+    homes = [box.home, *(box.state_dir / "nodes" / n.hostname / "home" for n in box.nodes)]
+    state = _tree(*homes)
+    assert all(password.encode() not in Path(path).read_bytes() for path in state)
+
+    code, out, _ = _run(["setup", "ssh", "-c", str(box.cluster_file)], capsys, monkeypatch)
+
+    assert code == 0, out
+    assert out.splitlines()[0] == "trainfleet setup ssh: nothing changed"  # no password asked
+    assert "no problems found" in out
+    assert _tree(*homes) == state
+
+
+def test_a_changed_host_key_is_shown_old_and_new_and_needs_a_yes(make_box, capsys, monkeypatch):
+    box = make_box(2, nodes=2, auth="password", faults=["ssh-hostkey-changed@2"])
+    node_dir = box.state_dir / "nodes" / "gpu-node-2"
+    old = fingerprint((node_dir / "previous_host_key.pub").read_text())
+    new = fingerprint((node_dir / "ssh_host_ed25519_key.pub").read_text())
+    known = box.home / ".ssh" / "known_hosts"
+    before = _tree(box.home, box.state_dir / "nodes")
+    password = box.password_file.read_text()
+    argv = ["setup", "ssh", "-c", str(box.cluster_file), "--password-stdin"]
+
+    code, out, err = _run(argv, capsys, monkeypatch, stdin=password)
+
+    assert code == 1
+    assert "gpu-node-2 (known as gpu-node-2, " in out and ": CHANGED" in out
+    assert f"was: {old}" in out and f"now: {new}" in out
+    assert "not a terminal: not confirmed" in out
+    assert "changed host keys were not confirmed: nothing was changed" in err
+    assert _tree(box.home, box.state_dir / "nodes") == before  # no key, no line, no login
+
+    code, out, err = _run([*argv, "--yes", "--json"], capsys, monkeypatch, stdin=password)
+
+    doc = json.loads(out)
+    assert code == 0, (doc, err)
+    assert doc["findings"] == []
+    assert any("changed key(s) replaced for gpu-node-2" in c for c in _changes(doc)["this machine"])
+    lines = known.read_text()
+    assert new.split()[1] not in lines  # (fingerprints are not in the file: keys are)
+    key = (node_dir / "ssh_host_ed25519_key.pub").read_text().split()[1]
+    old_key = (node_dir / "previous_host_key.pub").read_text().split()[1]
+    assert key in lines and old_key not in lines
+
+
+def _iptables(box: sandbox.Sandbox, which: int) -> list[str]:
+    """iptables-save of a node without its timestamps and counters."""
+    out = subprocess.run(
+        box.exec_argv(which, ["iptables-save"]), capture_output=True, text=True, check=True
+    ).stdout
+    return [
+        re.sub(r"\[\d+:\d+\]", "[0:0]", ln) for ln in out.splitlines() if not ln.startswith("#")
+    ]
+
+
+def _nft(box: sandbox.Sandbox, which: int, *args: str) -> str:
+    argv = box.exec_argv(which, ["nft", *args])
+    return subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+
+
+# What a distribution's nftables.conf with "only ssh in" looks like, plus the master port.
+NFT_FIREWALL = [
+    "add table inet filter",
+    "add chain inet filter input { type filter hook input priority 0; policy accept; }",
+    "add rule inet filter input iifname lo accept",
+    "add rule inet filter input ct state established,related accept",
+    "add rule inet filter input tcp dport { 22, 29500 } accept",
+    "add rule inet filter input tcp flags syn drop",
+]
+
+
+def test_firewall_rules_let_doctor_and_a_launch_pass_and_revert_restores_them_exactly(
+    make_box, tmp_path, capsys, monkeypatch
+):
+    """iptables on the master (the sandbox's fault), nftables on the other node."""
+    box = make_box(3, nodes=2, faults=["firewall-blocks-ports@1"])
+    for command in NFT_FIREWALL:
+        _nft(box, 2, command)  # nft reads one argument as a whole command line
+    cluster_file = tmp_path / "cluster.yaml"
+    shutil.copy(box.cluster_file, cluster_file)
+    original = (_iptables(box, 1), _nft(box, 2, "list", "ruleset"))
+    argv = ["setup", "firewall", "-c", str(cluster_file)]
+
+    code, out, _ = _run([*argv, "--apply", "--yes", "--json"], capsys, monkeypatch)
+
+    doc = json.loads(out)
+    assert code == 0 and doc["findings"] == [], doc
+    changes = _changes(doc)
+    assert changes["gpu-node-1"] == [
+        f"added (iptables): iptables -I INPUT -i eth0 -s {box.node(2).address}/32 -p tcp "
+        "-m comment --comment trainfleet -j ACCEPT"
+    ]
+    assert changes["gpu-node-2"] == [
+        "added (nftables): nft insert rule inet filter input iifname eth0 ip saddr "
+        f"{box.node(1).address} meta l4proto tcp accept comment trainfleet"
+    ]
+    state = json.loads((tmp_path / "cluster.yaml.firewall.json").read_text())
+    assert sorted(state["nodes"]) == ["gpu-node-1", "gpu-node-2"]
+    report = run_doctor(load_cluster(cluster_file=str(cluster_file)), quick=True)
+    assert "firewall-blocks-ports" not in {f.id for f in report.findings}
+    code, launched = _launch("-c", str(cluster_file), "--run-dir", str(tmp_path / "run"))
+    assert code == 0 and "all 2 rank(s) on 2 node(s) finished" in launched, launched
+    code, out, _ = _run([*argv, "--apply", "--yes"], capsys, monkeypatch)
+    assert code == 0 and out.startswith("trainfleet setup firewall: nothing changed")
+
+    code, out, _ = _run([*argv, "--revert", "--json"], capsys, monkeypatch)
+
+    doc = json.loads(out)
+    assert code == 0 and sorted(_changes(doc)) == ["gpu-node-1", "gpu-node-2"]
+    assert (_iptables(box, 1), _nft(box, 2, "list", "ruleset")) == original
+    assert not (tmp_path / "cluster.yaml.firewall.json").exists()
+    blocked = {h for f in doc["findings"] if f["id"] == "firewall-blocks-ports" for h in f["nodes"]}
+    assert blocked == {"gpu-node-1", "gpu-node-2"}  # back, as before
+
+
+def test_setup_hostfile_writes_what_launch_accepts_and_env_pins_each_interface(
+    make_box, tmp_path, capsys, monkeypatch
+):
+    box = make_box(4, nodes=2, ifnames=["ens14f0", "ens14f1"])
+    hostfile, cluster_file = tmp_path / "hostfile", tmp_path / "cluster.yaml"
+    argv = ["setup", "hostfile", "-c", str(box.cluster_file), "--slots", "2"]
+    argv += ["--out", str(hostfile), "--cluster-out", str(cluster_file)]
+
+    code, out, _ = _run(argv, capsys, monkeypatch)
+
+    assert code == 0, out
+    assert hostfile.read_text().splitlines()[1:] == ["gpu-node-1 slots=2", "gpu-node-2 slots=2"]
+    assert [n.slots for n in load_cluster(cluster_file=str(cluster_file)).nodes] == [2, 2]
+    code, out, _ = _run(argv, capsys, monkeypatch)
+    assert code == 0 and out.startswith("trainfleet setup hostfile: nothing changed")
+
+    code, out, _ = _run(["setup", "env", "-c", str(cluster_file)], capsys, monkeypatch)
+
+    assert code == 0, out
+    nodes = yaml.safe_load(cluster_file.read_text())["nodes"]
+    assert [n["interface"] for n in nodes] == ["ens14f0", "ens14f1"]
+    assert all(n["python"] == sys.executable for n in nodes)
+    code, launched = _launch(
+        "--hostfile",
+        str(hostfile),
+        "--ssh-config",
+        str(box.ssh_config),
+        "--run-dir",
+        str(tmp_path / "run"),
+    )
+    assert code == 0 and "all 4 rank(s) on 2 node(s) finished" in launched, launched
+
+
+def _problems(doc: dict) -> list[str]:
+    return [f["id"] for f in doc["findings"] if f["severity"] != "info"]
+
+
+def _with_workdir(cluster_file: Path, tmp_path: Path, workdir: Path) -> Path:
+    doc = yaml.safe_load(cluster_file.read_text())
+    doc["workdir"] = str(workdir)
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_sync_makes_code_differs_go_away_on_nodes_without_shared_storage(
+    make_box, tmp_path, capsys, monkeypatch
+):
+    work = tmp_path / "work"
+    (work / "pkg").mkdir(parents=True)
+    box = make_box(5, nodes=3, node_local_dir=str(work))
+    (work / "train.py").write_text("print('v2')\n")
+    (work / "pkg" / "model.py").write_text("LAYERS = 2\n")
+    local = {n.hostname: box.state_dir / "nodes" / n.hostname / "local" for n in box.nodes}
+    for host in ("gpu-node-1", "gpu-node-2"):
+        shutil.copytree(work, local[host], dirs_exist_ok=True)
+    (local["gpu-node-3"] / "train.py").write_text("print('v1')\n")  # an older copy
+    (local["gpu-node-3"] / "removed_since.py").write_text("x\n")
+    (local["gpu-node-3"] / "outputs").mkdir()
+    (local["gpu-node-3"] / "outputs" / "ckpt.json").write_text("{}\n")  # never touched
+    cluster_file = _with_workdir(box.cluster_file, tmp_path, work)
+    before = run_doctor(load_cluster(cluster_file=str(cluster_file)))
+    assert {h for f in before.findings if f.id == "code-differs" for h in f.nodes} == {"gpu-node-3"}
+    argv = ["sync", "-c", str(cluster_file), str(work), "--yes", "--json"]
+
+    code, out, _ = _run([*argv, "--method", "tar"], capsys, monkeypatch)
+
+    doc = json.loads(out)
+    assert code == 0 and _problems(doc) == [], doc
+    assert _changes(doc) == {"gpu-node-3": [f"copied {work} (tar)"]}
+    assert [f["id"] for f in doc["findings"]] == ["shared-dir-missing"]  # info: why sync copies
+    files = sorted(str(p.relative_to(local["gpu-node-3"])) for p in local["gpu-node-3"].rglob("*"))
+    assert files == ["outputs", "outputs/ckpt.json", "pkg", "pkg/model.py", "train.py"]
+    if shutil.which("rsync"):
+        (local["gpu-node-2"] / "train.py").write_text("print('v0')\n")
+        code, out, _ = _run([*argv, "--method", "rsync"], capsys, monkeypatch)
+        doc = json.loads(out)
+        assert code == 0 and _problems(doc) == [], doc
+        assert _changes(doc) == {"gpu-node-2": [f"copied {work} (rsync)"]}
+
+    code, out, _ = _run(argv[:-1], capsys, monkeypatch)
+
+    assert code == 0 and out.startswith("trainfleet sync: nothing changed"), out

@@ -1,0 +1,142 @@
+"""setup/sync CLI pieces: questions, the password, the rendered result, light imports, and
+the password's path through ssh (never on a command line, never in a file)."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainfleet.cli import setup_cmd
+from trainfleet.cli.main import main
+from trainfleet.cluster import Node
+from trainfleet.doctor.findings import Finding, Severity
+from trainfleet.errors import SetupError
+from trainfleet.setup import askpass
+from trainfleet.setup.result import SetupResult, render
+
+pytestmark = pytest.mark.unit
+
+MODULES = [
+    "trainfleet.setup.askpass",
+    "trainfleet.setup.clusterdoc",
+    "trainfleet.setup.env",
+    "trainfleet.setup.firewall",
+    "trainfleet.setup.fwstate",
+    "trainfleet.setup.hostfile",
+    "trainfleet.setup.hostkeys",
+    "trainfleet.setup.jobs",
+    "trainfleet.setup.launchside",
+    "trainfleet.setup.nodejob",
+    "trainfleet.setup.result",
+    "trainfleet.setup.sync",
+    "trainfleet.setup.transfer",
+    "trainfleet.setup.trust",
+    "trainfleet.setup.verify",
+    "trainfleet.sandbox.users",
+]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_module_examples_run(name):
+    result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0, name
+
+
+def test_the_cli_path_stays_light():
+    code = (
+        "import sys, trainfleet.cli.main, trainfleet.cli.setup_cmd, trainfleet.cli.sync_cmd; "
+        "print(sorted(m for m in ('torch', 'deepspeed', 'transformers') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("step", ["ssh", "hostfile", "env", "firewall"])
+def test_every_step_has_help(step, capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["setup", step, "--help"])
+    assert done.value.code == 0
+    assert "--dry-run" in capsys.readouterr().out
+
+
+def test_a_question_without_terminal_is_a_no_and_says_how_to_say_yes(monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+    out = io.StringIO()
+    assert setup_cmd.make_confirm(False, out)("trust these keys?") is False
+    assert "trust these keys?" in out.getvalue() and "pass --yes" in out.getvalue()
+    assert setup_cmd.make_confirm(True, io.StringIO())("trust?") is True
+
+
+def test_the_password_comes_from_stdin_or_a_terminal_only(monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO("s3cret\n"))
+    assert setup_cmd.make_password(True)(["gpu-node-1"]) == "s3cret"
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+    with pytest.raises(SetupError) as err:
+        setup_cmd.make_password(False)(["gpu-node-1", "gpu-node-2"])
+    assert "gpu-node-[1-2]" in err.value.what and "--password-stdin" in err.value.fix
+
+
+def test_render_folds_nodes_and_says_when_nothing_changed():
+    result = SetupResult(step="ssh", checks=["ssh"])
+    assert render(result).splitlines() == [
+        "trainfleet setup ssh: nothing changed",
+        "doctor (ssh): no problems found",
+    ]
+    for host in ("gpu-node-1", "gpu-node-2", "gpu-node-3"):
+        result.add(host, "created key ~/.ssh/id_ed25519")
+    result.findings = [
+        Finding(
+            id="ssh-auth-failed",
+            severity=Severity.WARNING,
+            nodes=("gpu-node-2",),
+            evidence=["a -> b"],
+            fix="f",
+        )
+    ]
+    text = render(result)
+    assert "  gpu-node-[1-3]: created key ~/.ssh/id_ed25519" in text
+    assert "WARNING ssh-auth-failed  [gpu-node-2]" in text
+    assert result.exit_code == 0  # ERROR by default
+    result.fail_at = Severity.WARNING
+    assert result.exit_code == 1 and result.to_json()["exit_code"] == 1
+    dry = SetupResult(step="firewall", dry_run=True)
+    dry.add("gpu-node-1", "would add x")
+    assert render(dry).startswith("trainfleet setup firewall (dry run): would make 1 change(s)")
+
+
+def test_the_password_travels_only_in_the_environment_of_the_one_ssh(monkeypatch):
+    seen = {}
+    real_run = subprocess.run
+
+    def fake_run(argv, *, input, env, **kwargs):
+        helper = env["SSH_ASKPASS"]
+        seen.update(argv=argv, helper_text=Path(helper).read_text(), env=dict(env))
+        seen["answer"] = real_run(
+            [helper, "Password:"], env=env, capture_output=True, text=True
+        ).stdout
+        seen["helper"] = helper
+        return subprocess.CompletedProcess(argv, 0, b'{"authorized_added": 1}\n', b"")
+
+    monkeypatch.setattr(askpass.subprocess, "run", fake_run)
+    node = Node(host="gpu-node-2", slots=1, gpu_ids=(0,), python="python3")
+    [result] = askpass.run_with_password([node], ["python3", "-"], {"gpu-node-2": b"{}"}, "pw1!")
+    assert result.ok and seen["answer"] == "pw1!\n"
+    assert "pw1!" not in " ".join(seen["argv"]) and "pw1!" not in seen["helper_text"]
+    assert seen["env"]["SSH_ASKPASS_REQUIRE"] == "force"
+    assert "-oBatchMode=no" in seen["argv"] and "-oStrictHostKeyChecking=yes" in seen["argv"]
+    assert not os.path.exists(seen["helper"])  # the helper's private directory is gone
+    assert "pw1!" not in os.environ.values()
+
+
+def test_notes_about_many_nodes_fold():
+    from trainfleet.setup.result import fold_notes
+
+    notes = ["gpu-node-1: PATH recorded", "gpu-node-2: PATH recorded", "gpu-node-3: other"]
+    assert fold_notes(notes) == ["gpu-node-[1-2]: PATH recorded", "gpu-node-3: other"]

@@ -1,0 +1,214 @@
+"""setup firewall: the rule text per backend, which firewall is active (from recorded facts),
+and that --revert removes exactly what --apply recorded (against a simulated firewall)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from doctor_fixtures import make_survey
+
+from trainfleet.cluster import load_cluster
+from trainfleet.remote import Failure, NodeResult
+from trainfleet.setup import firewall, fwapply, fwstate
+from trainfleet.setup.result import SetupResult
+
+pytestmark = pytest.mark.unit
+
+NFT_RULESET = """\
+table ip filter {
+	chain INPUT {
+		type filter hook input priority filter; policy accept;
+		tcp dport 22 accept
+		tcp flags syn drop
+	}
+}
+table inet filter {
+	chain input {
+		type filter hook input priority filter; policy drop;
+		iifname "lo" accept
+	}
+	chain forward {
+		type filter hook forward priority filter; policy drop;
+	}
+}
+table inet open {
+	chain input {
+		type filter hook input priority filter; policy accept;
+	}
+}
+"""
+IPTABLES_DROP = (
+    "-P INPUT ACCEPT\n-A INPUT -p tcp --dport 22 -j ACCEPT\n-A INPUT -p tcp --syn -j DROP\n"
+)
+
+
+def test_rule_text_per_backend():
+    [rule] = firewall.allow_rules("iptables", "ens14f0", ["10.0.0.12"])
+    assert rule.text == (
+        "iptables -I INPUT -i ens14f0 -s 10.0.0.12/32 -p tcp -m comment --comment trainfleet "
+        "-j ACCEPT"
+    )
+    assert rule.revert == ("iptables", "-D", *rule.apply[2:])  # -I ... -> -D with the same spec
+    chain = firewall.NftChain("inet", "filter", "input", True)
+    [nft] = firewall.allow_rules("nftables", "eth0", ["10.0.0.12"], chains=[chain])
+    assert nft.text == (
+        "nft insert rule inet filter input iifname eth0 ip saddr 10.0.0.12 meta l4proto tcp "
+        "accept comment trainfleet"
+    )
+    assert nft.revert == ("nft", "delete", "rule", "inet", "filter", "input", "handle")
+    [ufw] = firewall.allow_rules("ufw", "eth0", ["10.0.0.12"])
+    assert (
+        ufw.text
+        == "ufw insert 1 allow in on eth0 from 10.0.0.12 to any proto tcp comment trainfleet"
+    )
+    assert ufw.revert == ("ufw", "delete", *ufw.apply[3:-2])
+    runtime, permanent = firewall.allow_rules("firewalld", "eth0", ["10.0.0.12"], zone="internal")
+    rich = (
+        'rule family="ipv4" source address="10.0.0.12/32" port port="1-65535" protocol="tcp" accept'
+    )
+    assert runtime.apply == ("firewall-cmd", "--zone=internal", f"--add-rich-rule={rich}")
+    assert permanent.revert == (
+        "firewall-cmd",
+        "--zone=internal",
+        "--permanent",
+        f"--remove-rich-rule={rich}",
+    )
+
+
+def test_one_rule_per_peer_and_never_a_disable():
+    rules = firewall.allow_rules("iptables", "eth0", ["10.0.0.11", "10.0.0.13"])
+    assert [r.peer for r in rules] == ["10.0.0.11", "10.0.0.13"]
+    for backend in firewall.BACKENDS:
+        chains = [firewall.NftChain("inet", "filter", "input", True)]
+        for rule in firewall.allow_rules(backend, "eth0", ["10.0.0.11"], chains=chains):
+            words = " ".join(rule.apply).lower()
+            assert "disable" not in words and "-F" not in rule.apply and "flush" not in words
+
+
+def test_which_firewall_is_active():
+    assert firewall.active_backends({"ufw": {"rc": 0, "out": "Status: active\n"}}) == ["ufw"]
+    assert firewall.active_backends({"firewalld": {"rc": 0, "out": "running\n"}}) == ["firewalld"]
+    iptables = {"iptables": {"rc": 0, "out": IPTABLES_DROP}}
+    assert firewall.active_backends(iptables) == ["iptables"]
+    both = {**iptables, "nft": {"rc": 0, "out": NFT_RULESET}}
+    assert firewall.active_backends(both) == ["iptables", "nftables"]
+    # iptables-nft's own table is left to iptables; only the other filtering chain is opened
+    assert firewall.nft_chains_to_open(both, skip_iptables=True) == [
+        firewall.NftChain("inet", "filter", "input", True)
+    ]
+    nothing = {"iptables": {"rc": 0, "out": "-P INPUT ACCEPT\n"}, "nft": {"rc": 0, "out": ""}}
+    assert firewall.active_backends(nothing) == []
+    not_root = {"iptables": {"rc": 4, "out": "", "err": "Permission denied (you must be root)"}}
+    assert firewall.active_backends(not_root) == []
+
+
+def test_nft_ruleset_parsing_finds_input_base_chains():
+    chains = firewall.nft_input_chains(NFT_RULESET)
+    assert [(c.family, c.table, c.chain, c.filters) for c in chains] == [
+        ("ip", "filter", "INPUT", True),
+        ("inet", "filter", "input", True),
+        ("inet", "open", "input", False),
+    ]
+    assert firewall.nft_handle('insert rule ... comment "trainfleet" # handle 7\n') == "7"
+
+
+def test_plan_rules_opens_the_blocked_node_to_its_peers_data_addresses(tmp_path):
+    survey = make_survey(tmp_path)
+    survey.facts["gpu-node-1"]["firewall"] = {"iptables": {"rc": 0, "out": IPTABLES_DROP}}
+    rules, notes = fwapply.plan_rules(survey, ["gpu-node-1", "gpu-node-2"], zones={})
+    assert [r.text.split(" -s ")[1].split()[0] for r in rules["gpu-node-1"]] == [
+        "10.213.207.12/32",
+        "10.213.207.13/32",
+    ]
+    assert all(" -i ens14f0 " in r.text for r in rules["gpu-node-1"])
+    assert "gpu-node-2" not in rules and notes[0].startswith("gpu-node-2: TCP to it is dropped")
+
+
+class FakeFirewalls:
+    """iptables INPUT and one nftables chain per node, driven by the argvs setup sends."""
+
+    def __init__(self, hosts):
+        self.iptables = {h: [("-p", "tcp", "--dport", "22", "-j", "ACCEPT")] for h in hosts}
+        self.nft = {h: {1: "tcp flags syn drop"} for h in hosts}
+        self.handles = 10
+
+    def run(self, nodes, argv, *, timeout=None, stdin=None):
+        return [self._one(n.host, argv[n.host] if isinstance(argv, dict) else argv) for n in nodes]
+
+    def _one(self, host, argv):
+        out, err, rc = "", "", 0
+        if argv == ["id", "-u"]:
+            out = "0\n"
+        elif argv[:3] == ["iptables", "-I", "INPUT"]:
+            self.iptables[host].insert(0, tuple(argv[3:]))
+        elif argv[:3] == ["iptables", "-D", "INPUT"]:
+            if tuple(argv[3:]) in self.iptables[host]:
+                self.iptables[host].remove(tuple(argv[3:]))
+            else:
+                rc, err = 1, "iptables: Bad rule (does a matching rule exist in that chain?).\n"
+        elif argv[:4] == ["nft", "--echo", "--handle", "insert"]:
+            self.handles += 1
+            self.nft[host][self.handles] = " ".join(argv[8:]).replace(
+                "comment trainfleet", 'comment "trainfleet"'
+            )
+            out = f"insert rule {' '.join(argv[5:])} # handle {self.handles}\n"
+        elif argv[:3] == ["nft", "-a", "list"]:
+            out = "".join(f"\t\t{text} # handle {h}\n" for h, text in self.nft[host].items())
+        elif argv[:3] == ["nft", "delete", "rule"]:
+            self.nft[host].pop(int(argv[-1]))
+        else:
+            raise AssertionError(argv)
+        failure = Failure.NONE if rc == 0 else Failure.COMMAND_FAILED
+        return NodeResult(
+            node=host, returncode=rc, stdout=out, stderr=err, duration_s=0, failure=failure
+        )
+
+
+def test_revert_removes_exactly_what_apply_recorded(tmp_path, monkeypatch):
+    cluster = load_cluster(hosts="gpu-node-1,gpu-node-2")
+    fake = FakeFirewalls(["gpu-node-1", "gpu-node-2"])
+    monkeypatch.setattr(fwapply, "run_on_nodes", fake.run)
+    monkeypatch.setattr(fwstate, "run_on_nodes", fake.run)
+    # the user's own rule, identical but for the comment, must survive the revert
+    user_rule = ("-i", "eth0", "-s", "10.0.0.12/32", "-p", "tcp", "-j", "ACCEPT")
+    fake.iptables["gpu-node-1"].append(user_rule)
+    before_ipt = {h: list(r) for h, r in fake.iptables.items()}
+    before_nft = {h: dict(r) for h, r in fake.nft.items()}
+    chain = firewall.NftChain("inet", "filter", "input", True)
+    rules = {
+        "gpu-node-1": firewall.allow_rules("iptables", "eth0", ["10.0.0.12"]),
+        "gpu-node-2": firewall.allow_rules("nftables", "eth0", ["10.0.0.11"], chains=[chain]),
+    }
+    state_file = str(tmp_path / "cluster.yaml.firewall.json")
+    applied = SetupResult(step="firewall")
+    fwapply.apply_rules(cluster, rules, state_file, applied)
+    assert len(applied.changes) == 2 and fake.iptables != before_ipt and fake.nft != before_nft
+    state = json.loads((tmp_path / "cluster.yaml.firewall.json").read_text())
+    assert state["nodes"]["gpu-node-2"][0]["revert"][-2:] == ["handle", "11"]
+
+    reverted = SetupResult(step="firewall")
+    fwstate.revert_rules(cluster, state_file, reverted)
+    assert fake.iptables == before_ipt and fake.nft == before_nft
+    assert len(reverted.changes) == 2 and not (tmp_path / "cluster.yaml.firewall.json").exists()
+
+
+def test_revert_notes_rules_already_gone_and_leaves_a_reused_handle_alone(tmp_path, monkeypatch):
+    cluster = load_cluster(hosts="gpu-node-1,gpu-node-2")
+    fake = FakeFirewalls(["gpu-node-1", "gpu-node-2"])
+    monkeypatch.setattr(fwapply, "run_on_nodes", fake.run)
+    monkeypatch.setattr(fwstate, "run_on_nodes", fake.run)
+    chain = firewall.NftChain("inet", "filter", "input", True)
+    rules = {
+        "gpu-node-1": firewall.allow_rules("iptables", "eth0", ["10.0.0.12"]),
+        "gpu-node-2": firewall.allow_rules("nftables", "eth0", ["10.0.0.11"], chains=[chain]),
+    }
+    state_file = str(tmp_path / "state.json")
+    fwapply.apply_rules(cluster, rules, state_file, SetupResult(step="firewall"))
+    fake.iptables["gpu-node-1"].pop(0)  # someone removed it by hand
+    fake.nft["gpu-node-2"][11] = "tcp dport 80 accept"  # the handle now names another rule
+    result = SetupResult(step="firewall")
+    fwstate.revert_rules(cluster, state_file, result)
+    assert result.changes == [] and len(result.notes) == 2
+    assert all("already gone" in note for note in result.notes)
+    assert fake.nft["gpu-node-2"][11] == "tcp dport 80 accept"  # not someone else's rule

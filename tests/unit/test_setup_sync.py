@@ -1,0 +1,93 @@
+"""sync's decisions (which nodes get a copy) and its transports' commands; the tar transport
+and its prune run for real against this machine."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from trainfleet.cluster import Node, SshOptions
+from trainfleet.setup import transfer
+from trainfleet.setup.sync import copy_targets, storage_groups
+
+pytestmark = pytest.mark.unit
+
+
+def _facts(sha, shared=()):
+    return {"code": {"sha256": sha}, "active": {"shared": {p: True for p in shared}}}
+
+
+def test_nodes_with_this_machines_code_are_left_alone():
+    facts = {"a": _facts("h1"), "b": _facts("h2"), "c": _facts("h1")}
+    assert copy_targets(facts, "h1") == (["b"], ["a", "c"])
+
+
+def test_nodes_sharing_storage_get_one_copy():
+    facts = {"a": _facts("old", ["b"]), "b": _facts("old", ["a"]), "c": _facts("old")}
+    assert storage_groups(facts) == [["a", "b"], ["c"]]
+    assert copy_targets(facts, "new") == (["a", "c"], ["b"])
+
+
+def test_every_node_on_one_shared_store_with_the_same_code_needs_nothing():
+    facts = {h: _facts("h1", [p for p in "abc" if p != h]) for h in "abc"}
+    assert copy_targets(facts, "h1") == ([], ["a", "b", "c"])
+
+
+def test_rsync_deletes_but_never_touches_excluded_paths():
+    node = Node(
+        host="gpu-node-2",
+        slots=1,
+        gpu_ids=(0,),
+        python="python3",
+        ssh=SshOptions(config_file="/s/ssh_config", user="tfuser"),
+    )
+    argv = transfer.rsync_argv(node, "/work/proj/", ["outputs", ".git"])
+    assert argv[:4] == ["rsync", "-a", "--delete", "--protect-args"]
+    assert "--exclude=outputs" in argv and "--exclude=.git" in argv
+    assert argv[-2:] == ["/work/proj/", "gpu-node-2:/work/proj/"]
+    remote_shell = argv[argv.index("-e") + 1]
+    assert remote_shell.startswith("ssh -F /s/ssh_config ") and "-l tfuser" in remote_shell
+    assert "BatchMode=yes" in remote_shell
+
+
+def test_method_choice():
+    assert transfer.choose_method("tar", {"a": True}) == {"a": "tar"}
+    assert transfer.choose_method("rsync", {"a": False}) == {"a": "rsync"}
+    here = shutil.which("rsync") is not None
+    auto = transfer.choose_method("auto", {"a": True, "b": False})
+    assert auto == {"a": "rsync" if here else "tar", "b": "tar"}
+
+
+def test_members_leave_out_excluded_components(tmp_path):
+    (tmp_path / "pkg" / "__pycache__").mkdir(parents=True)
+    (tmp_path / "pkg" / "__pycache__" / "m.pyc").write_text("x")
+    (tmp_path / "pkg" / "m.py").write_text("x")
+    (tmp_path / "outputs").mkdir()
+    (tmp_path / "outputs" / "ckpt.bin").write_text("x")
+    (tmp_path / "train.py").write_text("x")
+    assert transfer.members(str(tmp_path), ["__pycache__", "outputs"]) == [
+        "pkg",
+        "pkg/m.py",
+        "train.py",
+    ]
+
+
+def test_the_prune_removes_exactly_what_this_machine_does_not_have(tmp_path):
+    for rel in ("train.py", "stale.py", "old/x.py", "outputs/ckpt.bin", "pkg/m.py"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("x")
+    job = {"root": str(tmp_path), "keep": ["train.py", "pkg", "pkg/m.py"], "excludes": ["outputs"]}
+    done = subprocess.run(
+        [sys.executable, "-c", transfer._PRUNE],
+        input=json.dumps(job),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert done.stdout.strip() == "3"  # stale.py, old/x.py, old/
+    left = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    assert left == ["outputs", "outputs/ckpt.bin", "pkg", "pkg/m.py", "train.py"]
