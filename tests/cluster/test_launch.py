@@ -210,3 +210,32 @@ def test_a_killed_node_connection_stops_the_run(make_sandbox, tmp_path):
     code, out = _finish(proc, timeout=60)
     assert code != 0, out
     assert "gpu-node-3 failed" in out and "stopping every rank on every node" in out
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_stopped_rank_is_found_by_the_hang_watchdog_with_every_stack(
+    make_sandbox, tmp_path, backend
+):
+    """Rank 1 SIGSTOPs itself at step 20 (hang_rank.py); gloo would wait 30 minutes. With
+    --hang-timeout 3 the run is HUNG about 3 s after the last step: every rank's stack is
+    dumped, the stopped rank is named as stopped and the other as waiting in its all_reduce,
+    status.json says so, and nothing of the job is left (the fixture)."""
+    box = make_sandbox(nodes=2, slots=1)
+    run_dir = tmp_path / "run"
+    proc = _launch(box.cluster_file, run_dir, f"--backend={backend}", "--hang-timeout", "3",
+                   script="hang_rank.py")  # fmt: skip
+    code, out = _finish(proc, timeout=120)
+    assert code == 1, out
+    assert "no rank advanced a step for 3 s" in out
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["state"] == "hung"
+    last_beat = max(r["last_beat_at"] for r in status["ranks"])
+    detected = status["hang"]["detected_at"]
+    assert 3 <= detected - last_beat < 3 + 3, (detected, last_beat)  # timeout + watch period + dump
+    behind = {b["rank"]: b for b in status["hang"]["behind"]}
+    assert sorted(behind) == [0, 1] and status["hang"]["step"] == 19  # both beat 19, neither 20
+    assert behind[1]["where"].startswith("stopped (SIGSTOP"), behind
+    assert "all_reduce" in behind[0]["where"], behind
+    assert "rank-hung: no rank advanced past step 19" in out
+    stacks = sorted(p.name for p in (run_dir / "stacks").iterdir())
+    assert stacks == ["gpu-node-1.rank0.txt", "gpu-node-2.rank1.txt"]

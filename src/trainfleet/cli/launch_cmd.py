@@ -60,6 +60,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="stop and diagnose when not every rank joined the rendezvous by then (default 60)",
     )
     parser.add_argument(
+        "--hang-timeout",
+        type=float,
+        metavar="S",
+        help="stop the run when no rank advanced a step for S seconds (heartbeats from "
+        "trainfleet.heartbeat.beat; `trainfleet train` sends them), after dumping every "
+        "rank's stack into RUN_DIR/stacks (py-spy)" + "; default: off",
+    )
+    parser.add_argument(
         "--no-preflight",
         dest="preflight",
         action="store_false",
@@ -113,6 +121,14 @@ def render_outcome(result, plan) -> str:
         lines.append(f"  its log: {logs / log}")
     elif result.state is RunState.FAILED and result.first_failure:
         lines.append(f"root cause: {result.first_failure} ended first (no error text seen)")
+    if result.state is RunState.HUNG and result.hang:
+        hang = result.hang
+        lines.append(
+            f"rank-hung: no rank advanced past step {hang.get('step')} for"
+            f" {hang.get('stuck_s', 0):.0f} s; behind:"
+        )
+        lines += [f"  {b['node']} rank {b['rank']}: {b['where']}" for b in hang.get("behind", [])]
+        lines.append(f"  every rank's stack: {hang.get('stacks')}")
     if result.state is RunState.STALLED:
         missing = [
             f"{node} (rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))})"
@@ -143,6 +159,7 @@ def run(args: argparse.Namespace) -> int:
         local_rank_arg=args.local_rank_arg,
         run_id=new_run_id(),
         join_timeout=args.join_timeout,
+        hang_timeout=args.hang_timeout,
     )
     cluster = cluster_from_args(args)
     run_dir = Path(args.run_dir or f"trainfleet-runs/{options.run_id}")

@@ -57,6 +57,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-preflight", dest="preflight", action="store_false")
     parser.add_argument("--join-timeout", type=float, default=120.0, metavar="S")
+    parser.add_argument(
+        "--hang-timeout",
+        type=float,
+        default=300.0,
+        metavar="S",
+        help="stop when no rank advanced a step (or a phase: saving, exporting) for S"
+        " seconds, after dumping every rank's stack into RUN_DIR/stacks (default 300; 0: off)",
+    )
     parser.epilog = CLUSTER_YAML_EXAMPLE
 
 
@@ -70,7 +78,11 @@ def run(args: argparse.Namespace) -> int:
     cluster = cluster_from_args(args)
     try:
         result, plan = run_train(
-            cluster, config, preflight=args.preflight, join_timeout=args.join_timeout
+            cluster,
+            config,
+            preflight=args.preflight,
+            join_timeout=args.join_timeout,
+            hang_timeout=args.hang_timeout or None,
         )
     except PreflightFailed as exc:
         print(

@@ -30,7 +30,7 @@ from trainfleet.doctor import DoctorReport, run_doctor
 from trainfleet.doctor.checks.network import listeners_besides_probe
 from trainfleet.doctor.findings import Severity
 from trainfleet.errors import TrainfleetError
-from trainfleet.launch import shim
+from trainfleet.launch import shim, stacks
 from trainfleet.launch.deepspeed import (
     DeepSpeedPlan,
     node_files_argv,
@@ -165,9 +165,20 @@ def launch(plan: AnyPlan, cluster: Cluster, *, run_dir: Path, out=None) -> Launc
         report = run_doctor(cluster, quick=True)
         return [f for f in report.findings if f.severity >= Severity.WARNING]
 
+    def dump_stacks(pids: dict[str, dict[int, int]]) -> dict[str, str]:
+        nodes = [n for n in cluster.nodes if n.host in pids]
+        argv = {
+            n.host: [n.python, "-c", stacks.JOB, *(f"{r}={pid}" for r, pid in pids[n.host].items())]
+            for n in nodes
+        }
+        results = run_on_nodes(nodes, argv, timeout=60)
+        return {r.node: r.stdout if r.ok else _no_dump(pids[r.node], r.reason()) for r in results}
+
     if not isinstance(plan, DeepSpeedPlan):
         channels = bootstrap_channels(plan, cluster)
-        return supervise(plan, channels, run_dir=run_dir, out=out, diagnose=diagnose)
+        return supervise(
+            plan, channels, run_dir=run_dir, out=out, diagnose=diagnose, dump_stacks=dump_stacks
+        )
 
     (run_dir / "hostfile").write_text(plan.hostfile)
     (run_dir / "deepspeed_env").write_text(plan.ds_env)
@@ -185,7 +196,9 @@ def launch(plan: AnyPlan, cluster: Cluster, *, run_dir: Path, out=None) -> Launc
     env = {k: v for k, v in os.environ.items() if k not in plan.unset} | plan.env
     runner = Channel(name="deepspeed", argv=plan.argv, pdsh=True, cwd=plan.cwd, env=env)
     try:
-        return supervise(plan, [runner], run_dir=run_dir, out=out, diagnose=diagnose)
+        return supervise(
+            plan, [runner], run_dir=run_dir, out=out, diagnose=diagnose, dump_stacks=dump_stacks
+        )
     finally:
         # DeepSpeed's runner stops its ranks by name (pkill -f); trainfleet then ends whatever
         # still carries this run's id in its environment, and removes the run's files.
@@ -194,6 +207,12 @@ def launch(plan: AnyPlan, cluster: Cluster, *, run_dir: Path, out=None) -> Launc
         }
         run_on_nodes(cluster.nodes, stop, timeout=30)
         run_on_nodes(cluster.nodes, python, stdin=remove_job(plan), timeout=30)
+
+
+def _no_dump(pids: dict[int, int], why: str) -> str:
+    """stacks.JOB's output for ranks whose node did not answer."""
+    return "".join(f"@@rank {r} pid {pid}\nno stack: the node did not answer ({why})\n"
+                   for r, pid in pids.items())  # fmt: skip
 
 
 KILL_BY_RUN_ID = """\

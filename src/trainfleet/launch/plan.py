@@ -54,6 +54,9 @@ class LaunchOptions:
     join_timeout: float = 60.0
     grace: float = 5.0
     """Seconds between SIGTERM and SIGKILL when a node's ranks are stopped."""
+    hang_timeout: float | None = None
+    """Seconds without any rank advancing a step (heartbeats) before the run is HUNG; None:
+    no hang watchdog (a script that sends no heartbeats is never judged)."""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)

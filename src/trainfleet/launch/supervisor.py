@@ -6,7 +6,11 @@ same stop on every path.
     >>> result = supervise(plan, channels, run_dir=Path("runs/x"))  # doctest: +SKIP
     >>> result.exit_code  # doctest: +SKIP
 
-Lifecycle of a run (RunState): STARTING -> RUNNING -> (DONE | FAILED | STALLED | INTERRUPTED).
+Lifecycle of a run (RunState): STARTING -> RUNNING -> (DONE | FAILED | STALLED | HUNG |
+INTERRUPTED). Heartbeats (`trainfleet.heartbeat`) are taken out of the output into
+RUN_DIR/status.json (`launch/progress.py`), rewritten every STATUS_EVERY_S; with a hang
+timeout, a run in which no rank advanced for that long is HUNG: every rank's stack is dumped
+(`launch/stacks.py`) before the stop.
 Every exit from RUNNING other than DONE stops every node the same way: the launcher closes the
 stdin of each node's bootstrap, which SIGTERMs and then SIGKILLs every process of the job on
 that node (tracked by pid, never by name), or sends DeepSpeed's runner SIGINT; a channel that
@@ -27,10 +31,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from trainfleet import heartbeat
 from trainfleet.cluster import Cluster
-from trainfleet.launch import bootstrap, shim
+from trainfleet.launch import bootstrap, shim, stacks
 from trainfleet.launch.deepspeed import DeepSpeedPlan
 from trainfleet.launch.plan import LaunchPlan
+from trainfleet.launch.progress import Progress
 from trainfleet.launch.rootcause import ErrorTracker, RankError
 from trainfleet.remote import node_argv
 
@@ -44,6 +50,7 @@ _TORCH_RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")
 CUT_OFF_AFTER_S = 5
 """After a node's grace period: how long before its ssh is killed."""
 SSH_DROPPED = 255
+STATUS_EVERY_S = 1.0
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -92,6 +99,8 @@ class RunState(enum.Enum):
     STALLED = "stalled"
     """Not every rank joined the rendezvous within the join timeout."""
     INTERRUPTED = "interrupted"
+    HUNG = "hung"
+    """Every rank had joined, then no rank advanced a step for the hang timeout."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -108,6 +117,8 @@ class LaunchResult:
     """STALLED: per node, the ranks that had not joined."""
     diagnosis: list = field(default_factory=list)
     """STALLED: doctor's findings between the nodes (filled by the caller)."""
+    hang: dict | None = None
+    """HUNG: `stuck_s`, `step` (the lowest), `behind` (node, rank, where it waits), `stacks`."""
 
     def to_json(self) -> dict:
         return {
@@ -120,6 +131,7 @@ class LaunchResult:
             "first_failure": self.first_failure,
             "not_joined": self.not_joined,
             "diagnosis": [f.to_json() for f in self.diagnosis],
+            "hang": self.hang,
         }
 
 
@@ -168,6 +180,10 @@ class _Output:
         """(node, exit code) as pdsh reports each node's end (deepspeed backend)."""
         self.mark = f"{shim.MARK}:{plan.options.run_id}:"
         self.width = max(len(h) for h in self.ranges) + len(str(plan.world_size)) + 3
+        self.progress = Progress(
+            run_id=plan.options.run_id, ranks=self.ranges, started_at=time.time()
+        )
+        self.progress.hang_timeout_s = plan.options.hang_timeout
         self.quiet = False
         """Once the launcher stops the run: lines go to the logs only (torchrun's shutdown
         tracebacks would bury the cause)."""
@@ -193,6 +209,12 @@ class _Output:
             text = match.group(2)
         if text.startswith(self.mark):
             event, _, who = text[len(self.mark) :].partition(":")
+            if event == "beat":
+                who, _, payload = who.partition(":")
+                fields = heartbeat.parse(payload)
+                if who.isdigit() and fields:
+                    self.progress.beat(int(who), fields, now=time.time())
+                return
             if who.isdigit():
                 self.joins.mark(event, int(who), now)
                 if event.startswith("exit="):
@@ -243,6 +265,8 @@ class _Run:
         self.failure_code: int | None = None
         self.interrupted = asyncio.Event()
         self.not_joined: set[int] = set()
+        self.status_written = 0.0
+        self.hang: dict | None = None
 
     async def start(self, channels: list[Channel]) -> None:
         for channel in channels:
@@ -307,12 +331,63 @@ class _Run:
                     f"{self.plan.options.join_timeout:.0f} s: stopping every rank on every node"
                 )
                 break
+            self.write_status()
+            if self._hung():
+                break
         else:
             self.state = RunState.DONE
         interrupted.cancel()
         if self.state is not RunState.DONE:
             self.output.note(f"what the nodes print while stopping is in {self.output.log_dir}")
             self.output.quiet = True
+
+    def write_status(self, *, now: float | None = None, force: bool = False) -> None:
+        now = time.time() if now is None else now
+        if force or now - self.status_written >= STATUS_EVERY_S:
+            self.output.progress.write(
+                self.run_dir / "status.json", state=self.state.value, now=now
+            )
+            self.status_written = now
+
+    def _hung(self) -> bool:
+        timeout = self.plan.options.hang_timeout
+        stuck = self.output.progress.stuck_for(now=time.time())
+        if timeout is None or stuck is None or stuck < timeout:
+            return False
+        self.state = RunState.HUNG
+        self.hang = {"stuck_s": round(stuck, 1)}
+        self.output.note(
+            f"no rank advanced a step for {stuck:.0f} s (hang timeout {timeout:g} s): dumping"
+            " every rank's stack, then stopping every rank on every node"
+        )
+        return True
+
+    async def dump_stacks(self, dump: Callable[[dict], dict[str, str]]) -> None:
+        """Every rank's stack (while they still run), then which ranks are behind and where."""
+        progress = self.output.progress
+        pids: dict[str, dict[int, int]] = {}
+        for rank, row in progress.rows.items():
+            if row.get("pid"):
+                pids.setdefault(row["node"], {})[rank] = row["pid"]
+        texts = await asyncio.get_running_loop().run_in_executor(None, dump, pids)
+        dumps = {}
+        for node, text in texts.items():
+            dumps[node] = stacks.split_dump(text)
+            stacks.write_dumps(self.run_dir, node, dumps[node])
+        behind = []
+        for rank in progress.behind():
+            node = progress.rows[rank]["node"]
+            text = dumps.get(node, {}).get(rank)
+            where = stacks.where_it_waits(text) if text else "no stack (no pid in its heartbeats)"
+            behind.append({"node": node, "rank": rank, "where": where})
+        lowest = progress.rows[progress.behind()[0]]["step"]
+        self.hang = {**(self.hang or {}), "step": lowest, "behind": behind,
+                     "stacks": str(self.run_dir / "stacks")}  # fmt: skip
+        progress.hang = {**self.hang, "detected_at": time.time()}
+        for entry in behind:
+            self.output.note(
+                f"behind at step {lowest}: {entry['node']} rank {entry['rank']}: {entry['where']}"
+            )
 
     async def stop(self) -> None:
         """Close every bootstrap's stdin (it stops its node's job), SIGINT DeepSpeed's runner
@@ -365,7 +440,7 @@ class _Run:
             exit_code = root.exitcode if root and root.exitcode and root.exitcode > 0 else code
         elif self.state is RunState.INTERRUPTED:
             exit_code = 130
-        elif self.state is RunState.STALLED:
+        elif self.state in (RunState.STALLED, RunState.HUNG):
             exit_code = 1
         ranges = self.plan.rank_ranges()
         by_node: dict[str, list[int]] = {}
@@ -383,6 +458,7 @@ class _Run:
             root_cause=root,
             first_failure=self.first_failure,
             not_joined=by_node,
+            hang=self.hang,
         )
 
 
@@ -392,6 +468,7 @@ async def _supervise(
     run_dir: Path,
     out: IO[str],
     diagnose: Callable[[], list] | None,
+    dump_stacks: Callable[[dict], dict[str, str]] | None = None,
 ) -> LaunchResult:
     run = _Run(plan, run_dir, out)
     loop = asyncio.get_running_loop()
@@ -404,8 +481,11 @@ async def _supervise(
         if run.state is RunState.STALLED and diagnose is not None:
             run.output.note("asking doctor why, while the ranks stop")
             diagnosis = loop.run_in_executor(None, diagnose)
+        if run.state is RunState.HUNG and dump_stacks is not None:
+            await run.dump_stacks(dump_stacks)
     finally:
         await run.stop()
+        run.write_status(force=True)
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
         run.output.close()
@@ -423,9 +503,13 @@ def supervise(
     run_dir: Path,
     out: IO[str] | None = None,
     diagnose: Callable[[], list] | None = None,
+    dump_stacks: Callable[[dict], dict[str, str]] | None = None,
 ) -> LaunchResult:
     """Run `channels` to their end: each rank's output goes to `run_dir/logs/NODE.rankN.log`
     (NODE.log for lines of no rank). `diagnose` runs (in a thread, while the ranks stop) when
-    not every rank joined; its findings go into the result."""
+    not every rank joined; its findings go into the result. `dump_stacks({node: {rank: pid}})`
+    -> {node: text of stacks.JOB} runs when the run hangs, before the stop."""
     run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    return asyncio.run(_supervise(plan, channels, run_dir, out or sys.stdout, diagnose))
+    return asyncio.run(
+        _supervise(plan, channels, run_dir, out or sys.stdout, diagnose, dump_stacks)
+    )

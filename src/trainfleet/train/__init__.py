@@ -59,6 +59,7 @@ def run_train(
     *,
     preflight: bool = True,
     join_timeout: float = 120.0,
+    hang_timeout: float | None = 300.0,
     out=None,
 ):
     """Check, tokenize, launch. Returns (LaunchResult, plan); raises PreflightFailed when the
@@ -77,6 +78,7 @@ def run_train(
         run_id=new_run_id(),
         local_rank_arg="never",
         join_timeout=join_timeout,
+        hang_timeout=hang_timeout,
     )
     run_dir = output / "runs" / options.run_id
     plan, report = prepare(cluster, options, preflight=preflight, run_dir=run_dir)

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trainfleet import heartbeat
 from trainfleet.plan.hardware import GPUS
 
 
@@ -66,12 +67,34 @@ def make_callback(
             self.first_step = 0
             self.file = None
 
-        def on_train_begin(self, args, state, control, **kwargs):
+        busy = 0.0
+        forward_started = 0.0
+
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            if model is not None:  # busy time: the seconds in the model's forward passes
+                model.register_forward_pre_hook(self._forward_begins)
+                model.register_forward_hook(self._forward_ends)
             self.started = self.last_time = time.monotonic()
             self.last_tokens = state.num_input_tokens_seen
             self.last_step = self.first_step = state.global_step
             if is_rank0:
                 self.file = open(output / "metrics.jsonl", "a")
+
+        def _forward_begins(self, module, inputs):
+            self.forward_started = time.monotonic()
+
+        def _forward_ends(self, module, inputs, output):
+            self.busy += time.monotonic() - self.forward_started
+
+        def on_step_end(self, args, state, control, **kwargs):
+            heartbeat.beat(
+                state.global_step,
+                total_steps=max_steps,
+                busy_s=round(self.busy, 4),
+                memory_bytes=peak_memory_bytes(),
+                phase="training",
+            )
+            self.busy = 0.0
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if not is_rank0 or not logs or "loss" not in logs:
@@ -95,6 +118,7 @@ def make_callback(
             }
             if peak:
                 record["mfu"] = tokens_per_s / world_size * flops_per_token / peak
+            heartbeat.beat(state.global_step, loss=logs["loss"], tokens_per_s=tokens_per_s)
             self.file.write(json.dumps(record) + "\n")
             self.file.flush()
             done = state.global_step

@@ -22,6 +22,7 @@ import sys
 import warnings
 from pathlib import Path
 
+from trainfleet import heartbeat
 from trainfleet.errors import TrainfleetError
 from trainfleet.plan.memory import TORCH_DTYPES
 from trainfleet.train import checkpoints, hostmem
@@ -63,12 +64,14 @@ def _trainer_class():
                     ok = 0
             if not _all_agree(ok):
                 raise SystemExit(3)
+            heartbeat.beat(self.state.global_step, phase="saving")
             super()._save_checkpoint(model, trial)
             dist.barrier()
             if self.args.should_save:
                 name = f"checkpoint-{self.state.global_step}"
                 checkpoints.mark_complete(output, name, keep=self.keep)
             dist.barrier()
+            heartbeat.beat(self.state.global_step, phase="training")
 
         def _first_estimate(self) -> int:
             # 16-bit weights + fp32 master + Adam (and the consolidated weights): 2+4+8+2 B
@@ -274,6 +277,7 @@ def main(encoded: str) -> int:
         trainer._save_checkpoint(trainer.model, None)  # the final step, complete like the rest
 
     if config.export:
+        heartbeat.beat(trainer.state.global_step, phase="exporting")
         final = output / "final"
         if config.lora and config.lora.merge_on_export:
             adapter = output / "adapter"

@@ -1,0 +1,112 @@
+"""Every rank's progress from its heartbeats (`trainfleet.heartbeat`), kept by the launcher and
+written to RUN_DIR/status.json, which `trainfleet status` reads while the job runs and after.
+
+    >>> p = Progress(run_id="r1", ranks={"gpu-node-1": range(0, 2)}, started_at=1000.0)
+    >>> p.beat(0, {"step": 1, "total_steps": 10, "loss": 2.0}, now=1005.0)
+    >>> p.beat(1, {"step": 1}, now=1005.1)
+    >>> p.beat(0, {"step": 2}, now=1007.0)
+    >>> p.to_json(state="running", now=1008.0)["ranks"][0]["step_times_s"]
+    [2.0]
+    >>> p.stuck_for(now=1010.0)  # since the last time any rank advanced
+    3.0
+
+status.json (version 1): `run_id`, `state` (the supervisor's RunState value, or `hung`),
+`started_at`, `updated_at` (Unix seconds), `world_size`, `hang_timeout_s` (null: off), `nodes`
+(node -> its ranks), `ranks` (per rank: `rank`, `node`, `step`, `total_steps`, `loss`,
+`tokens_per_s`, `memory_bytes`, `busy_s`, `pid`, `phase`, `last_beat_at`; `step_times_s` and
+`busy_times_s`: the last STEP_HISTORY seconds between a rank's successive steps, and its busy
+seconds per step), `hang` (null, or what the watchdog found: `detected_at`, `behind`, `stacks`), and
+`restarts` (each `at`, `attempt`, `cause`). A rank that has not beaten yet has `step` null.
+The file is replaced atomically, so a reader never sees half of it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+STEP_HISTORY = 20
+VERSION = 1
+_FIELDS = ("total_steps", "loss", "tokens_per_s", "memory_bytes", "busy_s", "pid", "phase")
+
+
+class Progress:
+    def __init__(self, *, run_id: str, ranks: dict[str, range], started_at: float) -> None:
+        self.run_id = run_id
+        self.started_at = started_at
+        self.nodes = {node: list(r) for node, r in ranks.items()}
+        self.rows: dict[int, dict[str, Any]] = {
+            rank: {"rank": rank, "node": node, "step": None, "last_beat_at": None}
+            for node, r in ranks.items()
+            for rank in r
+        }
+        self.step_times = {rank: deque(maxlen=STEP_HISTORY) for rank in self.rows}
+        self.busy_times = {rank: deque(maxlen=STEP_HISTORY) for rank in self.rows}
+        self.last_advance: float | None = None
+        """When any rank last reached a new step (None before the first beat)."""
+        self.hang: dict[str, Any] | None = None
+        self.restarts: list[dict[str, Any]] = []
+        self.hang_timeout_s: float | None = None
+
+    def beat(self, rank: int, fields: dict[str, Any], *, now: float) -> None:
+        row = self.rows.get(rank)
+        if row is None:
+            return
+        step = fields["step"]
+        if "phase" in fields and fields["phase"] != row.get("phase"):
+            self.last_advance = now  # a new phase (saving, exporting) is progress too
+        if row["step"] is None or step > row["step"]:
+            if row["step"] is not None and row["last_beat_at"] is not None:
+                per_step = (now - row["last_beat_at"]) / (step - row["step"])
+                self.step_times[rank].append(round(per_step, 4))
+            row["step"], row["last_beat_at"] = step, now
+            self.last_advance = now
+        for name in _FIELDS:
+            if name in fields:
+                row[name] = fields[name]
+        if "busy_s" in fields:
+            self.busy_times[rank].append(fields["busy_s"])
+
+    def stuck_for(self, *, now: float) -> float | None:
+        """Seconds since any rank last advanced; None before the first beat."""
+        return None if self.last_advance is None else now - self.last_advance
+
+    def behind(self) -> list[int]:
+        """The ranks at the lowest step (all of them when they are level): where a hang is."""
+        steps = {
+            rank: row["step"] if row["step"] is not None else -1 for rank, row in self.rows.items()
+        }
+        lowest = min(steps.values())
+        return sorted(rank for rank, step in steps.items() if step == lowest)
+
+    def to_json(self, *, state: str, now: float) -> dict[str, Any]:
+        ranks = []
+        for rank, row in sorted(self.rows.items()):
+            ranks.append(
+                {
+                    **row,
+                    "step_times_s": list(self.step_times[rank]),
+                    "busy_times_s": list(self.busy_times[rank]),
+                }
+            )
+        return {
+            "version": VERSION,
+            "run_id": self.run_id,
+            "state": state,
+            "started_at": self.started_at,
+            "updated_at": now,
+            "world_size": len(self.rows),
+            "hang_timeout_s": self.hang_timeout_s,
+            "nodes": self.nodes,
+            "ranks": ranks,
+            "hang": self.hang,
+            "restarts": self.restarts,
+        }
+
+    def write(self, path: Path, *, state: str, now: float) -> None:
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(self.to_json(state=state, now=now), indent=1) + "\n")
+        os.replace(tmp, path)

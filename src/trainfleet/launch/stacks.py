@@ -1,0 +1,87 @@
+"""Where every rank is: a Python stack dump of each rank on each node (py-spy), when the hang
+watchdog fires.
+
+    >>> where_it_waits(SAMPLE)
+    'wait (torch/distributed/distributed_c10d.py:4817)'
+    >>> where_it_waits("State:\\tT (stopped)\\n" + SAMPLE)
+    'stopped (SIGSTOP or a debugger), in wait (torch/distributed/distributed_c10d.py:4817)'
+
+On each node, `JOB` (stdlib, run by the node's python over ssh) prints, per pid: the kernel's
+state of the process (/proc/PID/status: `T (stopped)` is a SIGSTOP) and `py-spy dump
+--nonblocking` (it reads the process's memory without pausing it, so a stopped or wedged rank
+can be read too). py-spy is looked up beside the node's python, then on PATH; without it the
+state line is all there is, and the dump says how to install it (`pip install py-spy`).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+DUMP_TIMEOUT_S = 20
+SAMPLE = """Process 4242: python -u shim.py -m trainfleet.train.worker
+Python v3.11.7 (/usr/bin/python3.11)
+
+Thread 4242 (idle): "MainThread"
+    wait (torch/distributed/distributed_c10d.py:4817)
+    barrier (deepspeed/comm/torch.py:402)
+"""
+
+JOB = """\
+import os, shutil, subprocess, sys
+here = os.path.join(os.path.dirname(sys.executable), "py-spy")
+spy = here if os.access(here, os.X_OK) else shutil.which("py-spy")
+for item in sys.argv[1:]:
+    rank, pid = item.split("=")
+    print("@@rank " + rank + " pid " + pid)
+    try:
+        with open("/proc/%s/status" % pid) as f:
+            print([l for l in f.read().splitlines() if l.startswith("State:")][0])
+    except (OSError, IndexError):
+        print("State:\\tgone (the process has exited)")
+        continue
+    if not spy:
+        print("py-spy is not installed on this node: `pip install py-spy` into its python")
+        continue
+    try:
+        done = subprocess.run([spy, "dump", "--nonblocking", "--pid", pid],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              universal_newlines=True, timeout=DUMP_TIMEOUT)
+        print(done.stdout)
+    except subprocess.TimeoutExpired:
+        print("py-spy dump did not answer within DUMP_TIMEOUT s")
+    sys.stdout.flush()
+""".replace("DUMP_TIMEOUT", str(DUMP_TIMEOUT_S))
+"""Runs on a node: `python -c JOB RANK=PID ...` (python 3.8 syntax)."""
+
+_RANK_HEADER = re.compile(r"^@@rank (\d+) pid (\d+)$", re.M)
+_MAIN_THREAD = re.compile(r'^Thread \d+ \(\w+\): "MainThread"\n\s+(.+)$', re.M)
+_ANY_THREAD = re.compile(r"^Thread \d+ \(\w+\).*\n\s+(.+)$", re.M)
+
+
+def split_dump(text: str) -> dict[int, str]:
+    """A node's JOB output -> each rank's part."""
+    parts = _RANK_HEADER.split(text)
+    return {int(parts[i]): parts[i + 2].strip() + "\n" for i in range(1, len(parts) - 2, 3)}
+
+
+def where_it_waits(dump: str) -> str:
+    """The innermost frame of the main thread, and whether the process is stopped."""
+    frame = _MAIN_THREAD.search(dump) or _ANY_THREAD.search(dump)
+    where = frame.group(1).strip() if frame else None
+    if "State:\tgone" in dump:
+        return "gone (the process has exited)"
+    if re.search(r"^State:\s+T", dump, re.M):
+        return "stopped (SIGSTOP or a debugger)" + (f", in {where}" if where else "")
+    return where or "unknown (no stack: see the dump)"
+
+
+def write_dumps(run_dir: Path, node: str, dumps: dict[int, str]) -> list[Path]:
+    directory = run_dir / "stacks"
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for rank, text in sorted(dumps.items()):
+        path = directory / f"{node}.rank{rank}.txt"
+        path.write_text(text)
+        written.append(path)
+    return written

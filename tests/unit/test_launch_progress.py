@@ -1,0 +1,98 @@
+"""Heartbeats from ranks to status.json: what advances, what the hang watchdog measures, which
+ranks are behind, and the lines the supervisor takes out of the output."""
+
+from __future__ import annotations
+
+import io
+import json
+
+from trainfleet import heartbeat
+from trainfleet.launch.progress import Progress
+from trainfleet.launch.stacks import split_dump, where_it_waits
+
+
+def _progress() -> Progress:
+    return Progress(run_id="r", ranks={"a": range(0, 2), "b": range(2, 4)}, started_at=0.0)
+
+
+def test_step_times_are_per_step_even_when_beats_skip_steps():
+    p = _progress()
+    p.beat(2, {"step": 10}, now=100.0)
+    p.beat(2, {"step": 14}, now=108.0)  # logging every 4 steps: 2 s per step
+    row = p.to_json(state="running", now=109.0)["ranks"][2]
+    assert row["step"] == 14 and row["step_times_s"] == [2.0] and row["node"] == "b"
+
+
+def test_a_beat_at_the_same_step_updates_fields_but_is_not_progress():
+    p = _progress()
+    p.beat(0, {"step": 5}, now=10.0)
+    p.beat(0, {"step": 5, "loss": 0.25}, now=20.0)
+    assert p.stuck_for(now=30.0) == 20.0
+    assert p.rows[0]["loss"] == 0.25
+
+
+def test_a_new_phase_counts_as_progress_so_a_long_save_is_not_a_hang():
+    p = _progress()
+    p.beat(0, {"step": 5, "phase": "training"}, now=10.0)
+    p.beat(0, {"step": 5, "phase": "saving"}, now=50.0)
+    assert p.stuck_for(now=60.0) == 10.0
+    p.beat(0, {"step": 5, "phase": "saving"}, now=70.0)  # the same phase again: not progress
+    assert p.stuck_for(now=80.0) == 30.0
+
+
+def test_behind_names_the_lowest_step_and_ranks_that_never_beat():
+    p = _progress()
+    for rank, step in ((0, 7), (1, 7), (2, 6), (3, 7)):
+        p.beat(rank, {"step": step}, now=1.0)
+    assert p.behind() == [2]
+    q = _progress()
+    q.beat(0, {"step": 1}, now=1.0)
+    assert q.behind() == [1, 2, 3]
+    assert q.stuck_for(now=5.0) == 4.0 and _progress().stuck_for(now=5.0) is None
+
+
+def test_status_json_is_written_whole(tmp_path):
+    p = _progress()
+    p.beat(1, {"step": 3, "busy_s": 0.5, "pid": 42}, now=5.0)
+    p.write(tmp_path / "status.json", state="running", now=6.0)
+    status = json.loads((tmp_path / "status.json").read_text())
+    assert status["nodes"] == {"a": [0, 1], "b": [2, 3]} and status["world_size"] == 4
+    assert status["ranks"][1]["busy_times_s"] == [0.5] and status["ranks"][1]["pid"] == 42
+    assert [p.name for p in tmp_path.iterdir()] == ["status.json"]
+
+
+def test_beat_writes_nothing_outside_a_launch(monkeypatch):
+    monkeypatch.delenv("TRAINFLEET_RUN_ID", raising=False)
+    out = io.StringIO()
+    heartbeat.beat(1, stream=out)
+    assert out.getvalue() == ""
+    monkeypatch.setenv("TRAINFLEET_RUN_ID", "run9")
+    monkeypatch.setenv("RANK", "5")
+    heartbeat.beat(2, loss=0.5, stream=out)
+    prefix, payload = out.getvalue().rstrip("\n").split(":beat:5:")
+    assert prefix == "@@trainfleet:run9"
+    assert heartbeat.parse(payload)["loss"] == 0.5
+
+
+def test_malformed_beats_are_refused():
+    assert heartbeat.parse("not json") is None
+    assert heartbeat.parse('{"step": "3"}') is None
+    assert heartbeat.parse("[1]") is None
+
+
+def test_stack_dumps_split_per_rank_and_say_where_each_waits():
+    text = (
+        "@@rank 0 pid 10\nState:\tS (sleeping)\nProcess 10: python\n\n"
+        'Thread 10 (idle): "MainThread"\n'
+        "    all_reduce (torch/distributed/distributed_c10d.py:2950)\n"
+        "@@rank 1 pid 11\nState:\tT (stopped)\nProcess 11: python\n\n"
+        "Thread 11 (idle)\n    <module> (hang_rank.py:17)\n"
+        "@@rank 2 pid 12\nState:\tgone (the process has exited)\n"
+    )
+    dumps = split_dump(text)
+    assert sorted(dumps) == [0, 1, 2]
+    assert where_it_waits(dumps[0]) == "all_reduce (torch/distributed/distributed_c10d.py:2950)"
+    assert (
+        where_it_waits(dumps[1]) == "stopped (SIGSTOP or a debugger), in <module> (hang_rank.py:17)"
+    )
+    assert where_it_waits(dumps[2]) == "gone (the process has exited)"
