@@ -12,7 +12,7 @@ DEEPSPEED_PIN ?= deepspeed==0.19.8
 TRANSFORMERS_PIN ?= transformers==5.23.0
 ACCELERATE_PIN ?= accelerate==1.15.0
 # What `trainfleet train` uses on top (data loading, LoRA, TensorBoard event files).
-TRAIN_PINS ?= datasets==5.2.0 peft==0.21.2 tensorboard==2.20.0
+TRAIN_PINS ?= datasets==5.2.0 peft==0.21.2 tensorboard==2.20.0 py-spy==0.4.3
 
 .PHONY: all venv system demo test test-unit test-cluster lint format bench clean
 
