@@ -24,6 +24,11 @@ MODULES = [
     "trainfleet.plan.speed",
     "trainfleet.plan.zero",
     "trainfleet.commtest.formulas",
+    "trainfleet.status",
+    "trainfleet.status.human",
+    "trainfleet.status.rules",
+    "trainfleet.status.rundir",
+    "trainfleet.status.view",
 ]
 
 

@@ -96,3 +96,10 @@ def test_stack_dumps_split_per_rank_and_say_where_each_waits():
         where_it_waits(dumps[1]) == "stopped (SIGSTOP or a debugger), in <module> (hang_rank.py:17)"
     )
     assert where_it_waits(dumps[2]) == "gone (the process has exited)"
+
+
+def test_a_node_that_did_not_answer_says_so():
+    from trainfleet.launch import _no_dump
+
+    dumps = split_dump(_no_dump({1: 77}, "connect timed out"))
+    assert where_it_waits(dumps[1]) == "no stack: the node did not answer (connect timed out)"

@@ -143,6 +143,9 @@ def render_outcome(result, plan) -> str:
                 "doctor found no network cause between the nodes: see the ranks' last lines "
                 f"in {logs}"
             )
+    if result.restarts:
+        lines.append(f"after {len(result.restarts)} restart(s):")
+        lines += [f"  {r['attempt']}. {r['cause']}" for r in result.restarts]
     lines.append(f"exit code {result.exit_code}; logs: {logs}")
     return "\n".join(lines)
 

@@ -26,6 +26,7 @@ from trainfleet.cli import (
     plan_cmd,
     sandbox_cmd,
     setup_cmd,
+    status_cmd,
     sync_cmd,
     train_cmd,
 )
@@ -39,6 +40,7 @@ COMMANDS: dict[str, ModuleType] = {
     "plan": plan_cmd,
     "sandbox": sandbox_cmd,
     "setup": setup_cmd,
+    "status": status_cmd,
     "sync": sync_cmd,
     "train": train_cmd,
 }

@@ -58,6 +58,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-preflight", dest="preflight", action="store_false")
     parser.add_argument("--join-timeout", type=float, default=120.0, metavar="S")
     parser.add_argument(
+        "--max-restarts",
+        type=int,
+        default=0,
+        metavar="N",
+        help="after a crash, a hang or a stall: quick preflight, relaunch, resume from the latest"
+        " complete checkpoint, up to N times (each logged in OUTPUT/restarts.jsonl)",
+    )
+    parser.add_argument(
         "--hang-timeout",
         type=float,
         default=300.0,
@@ -83,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
             preflight=args.preflight,
             join_timeout=args.join_timeout,
             hang_timeout=args.hang_timeout or None,
+            max_restarts=args.max_restarts,
         )
     except PreflightFailed as exc:
         print(

@@ -69,6 +69,14 @@ def node_addresses(cluster: Cluster) -> dict[str, str | None]:
     return {host: _resolve(name) for host, name in names.items()}
 
 
+def _probe_argv(node: Node) -> list[str]:
+    """The probe runs with the PATH cluster.yaml gives the node (what `launch` exports there,
+    e.g. recorded by `trainfleet setup env`), so its tool checks see what the job will see."""
+    if "PATH" in node.env:
+        return ["env", f"PATH={node.env['PATH']}", node.python, "-"]
+    return [node.python, "-"]
+
+
 def _peer_ssh_argv(peer: Node) -> list[str]:
     # A connect timeout shorter than the probe's own limit for it, so that ssh reports why.
     timeout = min(peer.ssh.connect_timeout or PEER_SSH_TIMEOUT_S, PEER_SSH_TIMEOUT_S)
@@ -144,7 +152,7 @@ def collect(cluster: Cluster, *, quick: bool = False, seed: int | None = None) -
         quick=quick,
         launch_env=dict(os.environ),
     )
-    argv = {n.host: [n.python, "-"] for n in cluster.nodes}
+    argv = {n.host: _probe_argv(n) for n in cluster.nodes}
     payloads = {host: probe.payload(p) for host, p in params.items()}
     budget = PAIR_CONNECT_TIMEOUT_S + 2 * START_SKEW_S + (5 if quick else PEER_SSH_LIMIT_S + 20)
     if not quick:  # each probe makes N ssh handshakes: more time when N is large

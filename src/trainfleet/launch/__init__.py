@@ -147,7 +147,9 @@ def _env_record(plan: AnyPlan) -> str:
     )
 
 
-def launch(plan: AnyPlan, cluster: Cluster, *, run_dir: Path, out=None) -> LaunchResult:
+def launch(
+    plan: AnyPlan, cluster: Cluster, *, run_dir: Path, out=None, restarts: list | None = None
+) -> LaunchResult:
     """Run the plan; a run whose ranks did not all join gets doctor's findings as diagnosis."""
     run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     (run_dir / "env.txt").write_text(_env_record(plan))
@@ -171,14 +173,14 @@ def launch(plan: AnyPlan, cluster: Cluster, *, run_dir: Path, out=None) -> Launc
             n.host: [n.python, "-c", stacks.JOB, *(f"{r}={pid}" for r, pid in pids[n.host].items())]
             for n in nodes
         }
-        results = run_on_nodes(nodes, argv, timeout=60)
+        # Bounded: a node whose link is down must not hold up the stop for long.
+        results = run_on_nodes(nodes, argv, timeout=stacks.DUMP_TIMEOUT_S + 5)
         return {r.node: r.stdout if r.ok else _no_dump(pids[r.node], r.reason()) for r in results}
 
     if not isinstance(plan, DeepSpeedPlan):
         channels = bootstrap_channels(plan, cluster)
-        return supervise(
-            plan, channels, run_dir=run_dir, out=out, diagnose=diagnose, dump_stacks=dump_stacks
-        )
+        return supervise(plan, channels, run_dir=run_dir, out=out, diagnose=diagnose,
+                         dump_stacks=dump_stacks, restarts=restarts)  # fmt: skip
 
     (run_dir / "hostfile").write_text(plan.hostfile)
     (run_dir / "deepspeed_env").write_text(plan.ds_env)
@@ -196,9 +198,8 @@ def launch(plan: AnyPlan, cluster: Cluster, *, run_dir: Path, out=None) -> Launc
     env = {k: v for k, v in os.environ.items() if k not in plan.unset} | plan.env
     runner = Channel(name="deepspeed", argv=plan.argv, pdsh=True, cwd=plan.cwd, env=env)
     try:
-        return supervise(
-            plan, [runner], run_dir=run_dir, out=out, diagnose=diagnose, dump_stacks=dump_stacks
-        )
+        return supervise(plan, [runner], run_dir=run_dir, out=out, diagnose=diagnose,
+                         dump_stacks=dump_stacks, restarts=restarts)  # fmt: skip
     finally:
         # DeepSpeed's runner stops its ranks by name (pkill -f); trainfleet then ends whatever
         # still carries this run's id in its environment, and removes the run's files.

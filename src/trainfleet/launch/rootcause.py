@@ -7,10 +7,11 @@
     >>> tracker.root_cause().text
     'ValueError: bad shape'
 
-An error is the last line of a Python traceback, or a line torchrun or a library marks as
-fatal. The root cause is the earliest error that is not a timeout or a consequence of another
-rank's death (a closed connection, a SIGTERM sent by the launcher, torchrun's own summary); if
-every error is such a consequence, the earliest one.
+An error is the last line of a Python traceback, a line torchrun or a library marks as
+fatal, or a rank's `trainfleet train: ...` line (the worker's own reason to stop). The root
+cause is the earliest error that is not a timeout or a consequence of another rank's death (a
+closed connection, a SIGTERM sent by the launcher, torchrun's own summary); if every error is
+such a consequence, the earliest one.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ _CONSEQUENCE = re.compile(
 #   ...
 #     rank      : 1 (local_rank: 0)
 #     exitcode  : 3 (pid: 19646)
+_OWN_ERROR = re.compile(r"^trainfleet \w+: ")
+"""What trainfleet's own rank code (`train/worker.py`) prints before it stops a rank."""
 _SUMMARY_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
 _SUMMARY_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
 
@@ -82,7 +85,7 @@ class ErrorTracker:
         if text.startswith("Traceback (most recent call last)"):
             self._in_traceback.add(key)
             return
-        match = _EXCEPTION.match(text)
+        match = _EXCEPTION.match(text) or (rank is not None and _OWN_ERROR.match(text))
         if match and (key in self._in_traceback or rank is not None):
             self._in_traceback.discard(key)
             self.errors.append(

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-DUMP_TIMEOUT_S = 20
+DUMP_TIMEOUT_S = 10
 SAMPLE = """Process 4242: python -u shim.py -m trainfleet.train.worker
 Python v3.11.7 (/usr/bin/python3.11)
 
@@ -69,6 +69,9 @@ def where_it_waits(dump: str) -> str:
     """The innermost frame of the main thread, and whether the process is stopped."""
     frame = _MAIN_THREAD.search(dump) or _ANY_THREAD.search(dump)
     where = frame.group(1).strip() if frame else None
+    unanswered = re.search(r"^no stack: the node did not answer.*$", dump, re.M)
+    if unanswered:
+        return unanswered.group(0)
     if "State:\tgone" in dump:
         return "gone (the process has exited)"
     if re.search(r"^State:\s+T", dump, re.M):

@@ -53,6 +53,15 @@ SSH_DROPPED = 255
 STATUS_EVERY_S = 1.0
 
 
+def channel_end(code: int) -> str:
+    """A channel's end in words: ssh's 255 is its connection, a negative code a signal here."""
+    if code == SSH_DROPPED:
+        return "its connection dropped"
+    if code < 0:
+        return f"its connection ended: its ssh was killed by signal {-code}"
+    return f"exit code {code}"
+
+
 @dataclass(kw_only=True, slots=True, frozen=True)
 class Channel:
     """One local process of a run: an ssh to a node's bootstrap, or DeepSpeed's runner."""
@@ -119,6 +128,8 @@ class LaunchResult:
     """STALLED: doctor's findings between the nodes (filled by the caller)."""
     hang: dict | None = None
     """HUNG: `stuck_s`, `step` (the lowest), `behind` (node, rank, where it waits), `stacks`."""
+    restarts: list = field(default_factory=list)
+    """The restarts before this run (`launch/restarts.py`), filled by the caller."""
 
     def to_json(self) -> dict:
         return {
@@ -132,6 +143,7 @@ class LaunchResult:
             "not_joined": self.not_joined,
             "diagnosis": [f.to_json() for f in self.diagnosis],
             "hang": self.hang,
+            "restarts": self.restarts,
         }
 
 
@@ -294,7 +306,7 @@ class _Run:
     def _failed(self, where: str, code: int) -> None:
         self.state = RunState.FAILED
         self.first_failure, self.failure_code = where, code
-        why = "its connection dropped" if code == SSH_DROPPED else f"exit code {code}"
+        why = channel_end(code)
         self.output.note(f"{where} failed ({why}): stopping every rank on every node")
 
     async def watch(self) -> None:
@@ -469,8 +481,10 @@ async def _supervise(
     out: IO[str],
     diagnose: Callable[[], list] | None,
     dump_stacks: Callable[[dict], dict[str, str]] | None = None,
+    restarts: list | None = None,
 ) -> LaunchResult:
     run = _Run(plan, run_dir, out)
+    run.output.progress.restarts = list(restarts or [])
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, run.interrupted.set)
@@ -504,6 +518,7 @@ def supervise(
     out: IO[str] | None = None,
     diagnose: Callable[[], list] | None = None,
     dump_stacks: Callable[[dict], dict[str, str]] | None = None,
+    restarts: list | None = None,
 ) -> LaunchResult:
     """Run `channels` to their end: each rank's output goes to `run_dir/logs/NODE.rankN.log`
     (NODE.log for lines of no rank). `diagnose` runs (in a thread, while the ranks stop) when
@@ -511,5 +526,5 @@ def supervise(
     -> {node: text of stacks.JOB} runs when the run hangs, before the stop."""
     run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     return asyncio.run(
-        _supervise(plan, channels, run_dir, out or sys.stdout, diagnose, dump_stacks)
+        _supervise(plan, channels, run_dir, out or sys.stdout, diagnose, dump_stacks, restarts)
     )

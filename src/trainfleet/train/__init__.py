@@ -60,11 +60,15 @@ def run_train(
     preflight: bool = True,
     join_timeout: float = 120.0,
     hang_timeout: float | None = 300.0,
+    max_restarts: int = 0,
     out=None,
 ):
-    """Check, tokenize, launch. Returns (LaunchResult, plan); raises PreflightFailed when the
+    """Check, tokenize, launch; after a crash, a hang or a stall, up to `max_restarts` times:
+    the quick preflight again and a new launch that resumes from the latest checkpoint
+    (`launch/restarts.py`). Returns (LaunchResult, plan); raises PreflightFailed when the
     quick doctor finds errors, TrainfleetError for bad input (nothing started then)."""
     from trainfleet.launch import LaunchOptions, launch, new_run_id, prepare
+    from trainfleet.launch import restarts as restart_log
     from trainfleet.train import data
 
     check_model_dir(config.model)
@@ -73,21 +77,48 @@ def run_train(
     cache = data.prepare_cache(config, output / ".cache")
     spec = {"config": config.to_json(), "cache": str(cache)}
     encoded = base64.b64encode(json.dumps(spec).encode()).decode()
-    options = LaunchOptions(
-        command=("-m", "trainfleet.train.worker", encoded),
-        run_id=new_run_id(),
-        local_rank_arg="never",
-        join_timeout=join_timeout,
-        hang_timeout=hang_timeout,
-    )
-    run_dir = output / "runs" / options.run_id
-    plan, report = prepare(cluster, options, preflight=preflight, run_dir=run_dir)
     out = out or sys.stdout
-    check_memory(
-        config, plan.rank_ranges(), report.survey.facts if report.survey else {}, strict=preflight,
-        out=out,
-    )  # fmt: skip
-    return launch(plan, cluster, run_dir=run_dir, out=out), plan
+    restarts: list[dict] = []
+    while True:
+        options = LaunchOptions(
+            command=("-m", "trainfleet.train.worker", encoded),
+            run_id=new_run_id(),
+            local_rank_arg="never",
+            join_timeout=join_timeout,
+            hang_timeout=hang_timeout,
+        )
+        run_dir = output / "runs" / options.run_id
+        try:
+            plan, report = prepare(cluster, options, preflight=preflight, run_dir=run_dir)
+        except TrainfleetError as exc:
+            if not restarts:
+                raise
+            raise TrainfleetError(
+                f"gave up restarting: the preflight before restart {len(restarts)} found:"
+                f" {exc.what}; " + _causes(restarts),
+                exc.fix,
+            ) from None
+        if not restarts:
+            facts = report.survey.facts if report.survey else {}
+            check_memory(config, plan.rank_ranges(), facts, strict=preflight, out=out)
+        result = launch(plan, cluster, run_dir=run_dir, out=out, restarts=restarts)
+        result.restarts = restarts
+        if result.state not in restart_log.RESTARTABLE or len(restarts) >= max_restarts:
+            return result, plan
+        cause = restart_log.cause_of(result)
+        restarts.append(restart_log.record(
+            output / "restarts.jsonl", attempt=len(restarts) + 1, run_id=options.run_id, cause=cause
+        ))  # fmt: skip
+        print(
+            f"trainfleet: restart {len(restarts)} of {max_restarts} after {cause}: quick"
+            " preflight, then the run resumes from its latest complete checkpoint",
+            file=out,
+            flush=True,
+        )
+
+
+def _causes(restarts: list[dict]) -> str:
+    return "causes: " + "; ".join(f"{r['attempt']}. {r['cause']}" for r in restarts)
 
 
 def check_memory(
