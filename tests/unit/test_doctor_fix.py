@@ -186,9 +186,9 @@ def test_what_fix_never_does_is_listed_with_the_reason(tmp_path):
 
 
 def test_a_backup_never_overwrites_an_older_one(tmp_path, monkeypatch):
-    from trainfleet.doctor import fix
+    from trainfleet import cluster
 
-    monkeypatch.setattr(fix.time, "strftime", lambda _: "20261121-120000")
+    monkeypatch.setattr(cluster.time, "strftime", lambda _: "20261121-120000")
     path = tmp_path / "cluster.yaml"
     (tmp_path / "cluster.yaml.20261121-120000").write_text("the original")
-    assert fix._backup_name(str(path)) == f"{path}.20261121-120000-1"
+    assert cluster.backup_name(str(path)) == f"{path}.20261121-120000-1"

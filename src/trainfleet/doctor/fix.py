@@ -25,11 +25,10 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainfleet.cluster import Cluster, parse_cluster_yaml
+from trainfleet.cluster import Cluster, backup_name, parse_cluster_yaml
 from trainfleet.doctor import DoctorReport
 from trainfleet.doctor.findings import Finding, Severity
 from trainfleet.errors import TrainfleetError
@@ -257,16 +256,6 @@ def pin_interfaces(text: str, source: str, interfaces: dict[str, str]) -> str:
     return edited
 
 
-def _backup_name(path: str) -> str:
-    """`path.YYYYmmdd-HHMMSS`, made unique: an older backup is never overwritten."""
-    stem = f"{path}.{time.strftime('%Y%m%d-%H%M%S')}"
-    candidate, n = stem, 0
-    while Path(candidate).exists():
-        n += 1
-        candidate = f"{stem}-{n}"
-    return candidate
-
-
 def new_cluster_yaml(cluster: Cluster, interfaces: dict[str, str]) -> str:
     """A cluster.yaml for a cluster that came from a hostfile or --hosts, interfaces pinned."""
     lines = [
@@ -304,7 +293,7 @@ def plan_interfaces(report: DoctorReport, cluster_file: str | None, plan: FixPla
             plan.not_done.append(f"interfaces: {exc}")
             return
         plan.interfaces = InterfaceFix(
-            path=cluster_file, text=edited, interfaces=interfaces, backup=_backup_name(cluster_file)
+            path=cluster_file, text=edited, interfaces=interfaces, backup=backup_name(cluster_file)
         )
         return
     path = "cluster.yaml"

@@ -21,12 +21,11 @@ The text is validated with trainfleet's own parser before anything is written.
 from __future__ import annotations
 
 import copy
-import time
 from pathlib import Path
 
 import yaml
 
-from trainfleet.cluster import Cluster, parse_cluster_yaml
+from trainfleet.cluster import Cluster, backup_name, parse_cluster_yaml
 
 
 def load_document(path: str) -> tuple[str, dict]:
@@ -106,15 +105,6 @@ def text_of(doc: dict, header: str = "") -> str:
     return header + yaml.safe_dump(doc, sort_keys=False)
 
 
-def _backup_name(path: str) -> str:
-    stem = f"{path}.{time.strftime('%Y%m%d-%H%M%S')}"
-    candidate, n = stem, 0
-    while Path(candidate).exists():
-        n += 1
-        candidate = f"{stem}-{n}"
-    return candidate
-
-
 def write(path: str, text: str, *, dry_run: bool) -> str | None:
     """Write `text` to `path` unless it holds exactly that; what happened, None if nothing.
 
@@ -131,7 +121,7 @@ def write(path: str, text: str, *, dry_run: bool) -> str | None:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(text)
         return f"wrote {path}"
-    backup = _backup_name(path)
+    backup = backup_name(path)
     Path(backup).write_text(old)
     target.write_text(text)
     return f"updated {path} (the old one is kept as {backup})"
