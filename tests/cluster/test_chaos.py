@@ -21,9 +21,11 @@ import time
 from pathlib import Path
 
 import pytest
+from train_jobs import train_job_processes
 
 pytestmark = [
     pytest.mark.cluster,
+    pytest.mark.usefixtures("no_train_job_left_behind"),
     pytest.mark.skipif(
         any(importlib.util.find_spec(m) is None for m in ("deepspeed", "transformers", "datasets")),
         reason="needs deepspeed, transformers and datasets (`make venv` installs them)",
@@ -39,37 +41,6 @@ SHELL = "/bin/sh"
 file while it runs; a shell SIGKILLed in that moment leaves the lock behind and every later ssh
 session waits 60 s for it (seen here): a property of this machine's shell setup, which the
 faults below would otherwise trip over."""
-
-
-def _job_processes() -> list[str]:
-    left = []
-    for entry in os.listdir("/proc"):
-        try:
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except (OSError, UnicodeDecodeError):
-            continue
-        if "trainfleet.train.worker" in cmdline or "trainfleet-bootstrap" in cmdline:
-            left.append(f"{entry}: {cmdline[:120]}")
-    return left
-
-
-@pytest.fixture(autouse=True)
-def no_job_left_behind():
-    yield
-    deadline = time.monotonic() + 15
-    while _job_processes() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert _job_processes() == []
-
-
-@pytest.fixture(scope="module")
-def assets(tmp_path_factory) -> dict[str, Path]:
-    from trainfleet.train import demo_assets
-
-    root = tmp_path_factory.mktemp("assets")
-    demo_assets.write_tokenizer(root / "model")
-    demo_assets.write_model(root / "model", tokenizer_dir=root / "model", seed=0)
-    return {"model": root / "model", "data": demo_assets.write_dataset(root / "data.jsonl", n=400)}
 
 
 class Train:
@@ -182,7 +153,8 @@ def test_a_stopped_rank_is_a_hang(make_sandbox, tmp_path, assets, reference):
     box = make_sandbox(nodes=2, slots=1, login_shell=SHELL)
     run = Train(box.cluster_file, assets, tmp_path / "out", "--max-restarts", "1")
     run.wait_for_checkpoint(8)
-    ranks = [p for p in _job_processes() if "shim.py" in p and "torch.distributed.run" not in p]
+    jobs = train_job_processes()
+    ranks = [p for p in jobs if "shim.py" in p and "torch.distributed.run" not in p]
     victim = next(int(p.split(":")[0]) for p in ranks if _in_netns(int(p.split(":")[0]), box, 2))
     injected = time.time()
     os.kill(victim, signal.SIGSTOP)

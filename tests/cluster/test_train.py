@@ -16,43 +16,12 @@ import pytest
 
 pytestmark = [
     pytest.mark.cluster,
+    pytest.mark.usefixtures("no_train_job_left_behind"),
     pytest.mark.skipif(
         any(importlib.util.find_spec(m) is None for m in ("deepspeed", "transformers", "datasets")),
         reason="needs deepspeed, transformers and datasets (`make venv` installs them)",
     ),
 ]
-
-
-def _workers_left() -> list[str]:
-    left = []
-    for entry in os.listdir("/proc"):
-        try:
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except (OSError, UnicodeDecodeError):
-            continue
-        if "trainfleet.train.worker" in cmdline or "trainfleet-bootstrap" in cmdline:
-            left.append(f"{entry}: {cmdline[:120]}")
-    return left
-
-
-@pytest.fixture(autouse=True)
-def no_rank_left_behind():
-    yield
-    deadline = time.monotonic() + 15
-    while _workers_left() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert _workers_left() == []
-
-
-@pytest.fixture(scope="module")
-def assets(tmp_path_factory) -> dict[str, Path]:
-    """The built-in demo's tiny Llama and character tokenizer, and 400 of its chats."""
-    from trainfleet.train import demo_assets
-
-    root = tmp_path_factory.mktemp("assets")
-    demo_assets.write_tokenizer(root / "model")
-    demo_assets.write_model(root / "model", tokenizer_dir=root / "model", seed=0)
-    return {"model": root / "model", "data": demo_assets.write_dataset(root / "data.jsonl", n=400)}
 
 
 def _train(cluster_file, assets, output, *flags, wait=True):
