@@ -103,3 +103,9 @@ def test_a_node_that_did_not_answer_says_so():
 
     dumps = split_dump(_no_dump({1: 77}, "connect timed out"))
     assert where_it_waits(dumps[1]) == "no stack: the node did not answer (connect timed out)"
+
+
+def test_heartbeats_carry_the_mark_the_launcher_reads():
+    from trainfleet.launch import shim
+
+    assert heartbeat.MARK == shim.MARK  # the shim runs without trainfleet, so it has its own

@@ -15,8 +15,9 @@ status.json (version 1): `run_id`, `state` (the supervisor's RunState value, or 
 (node -> its ranks), `ranks` (per rank: `rank`, `node`, `step`, `total_steps`, `loss`,
 `tokens_per_s`, `memory_bytes`, `busy_s`, `pid`, `phase`, `last_beat_at`; `step_times_s` and
 `busy_times_s`: the last STEP_HISTORY seconds between a rank's successive steps, and its busy
-seconds per step), `hang` (null, or what the watchdog found: `detected_at`, `behind`, `stacks`), and
-`restarts` (each `at`, `attempt`, `cause`). A rank that has not beaten yet has `step` null.
+seconds per step), `hang` (null, or what the watchdog found: `stuck_s`, `detected_at`, `step`,
+`behind` (each `node`, `rank`, `where`), `stacks`), and `restarts` (each `at`, `attempt`,
+`after_run`, `cause`). A rank that has not beaten yet has `step` null.
 The file is replaced atomically, so a reader never sees half of it.
 """
 

@@ -127,7 +127,8 @@ class LaunchResult:
     diagnosis: list = field(default_factory=list)
     """STALLED: doctor's findings between the nodes (filled by the caller)."""
     hang: dict | None = None
-    """HUNG: `stuck_s`, `step` (the lowest), `behind` (node, rank, where it waits), `stacks`."""
+    """HUNG: `stuck_s`, `detected_at`, `step` (the lowest), `behind` (node, rank, where it
+    waits), `stacks` (the dumps' directory); the same dict as status.json's `hang`."""
     restarts: list = field(default_factory=list)
     """The restarts before this run (`launch/restarts.py`), filled by the caller."""
 
@@ -278,7 +279,6 @@ class _Run:
         self.interrupted = asyncio.Event()
         self.not_joined: set[int] = set()
         self.status_written = 0.0
-        self.hang: dict | None = None
 
     async def start(self, channels: list[Channel]) -> None:
         for channel in channels:
@@ -367,7 +367,7 @@ class _Run:
         if timeout is None or stuck is None or stuck < timeout:
             return False
         self.state = RunState.HUNG
-        self.hang = {"stuck_s": round(stuck, 1)}
+        self.output.progress.hang = {"stuck_s": round(stuck, 1), "detected_at": time.time()}
         self.output.note(
             f"no rank advanced a step for {stuck:.0f} s (hang timeout {timeout:g} s): dumping"
             " every rank's stack, then stopping every rank on every node"
@@ -387,15 +387,15 @@ class _Run:
             dumps[node] = stacks.split_dump(text)
             stacks.write_dumps(self.run_dir, node, dumps[node])
         behind = []
-        for rank in progress.behind():
+        ranks_behind = progress.behind()
+        for rank in ranks_behind:
             node = progress.rows[rank]["node"]
             text = dumps.get(node, {}).get(rank)
             where = stacks.where_it_waits(text) if text else "no stack (no pid in its heartbeats)"
             behind.append({"node": node, "rank": rank, "where": where})
-        lowest = progress.rows[progress.behind()[0]]["step"]
-        self.hang = {**(self.hang or {}), "step": lowest, "behind": behind,
-                     "stacks": str(self.run_dir / "stacks")}  # fmt: skip
-        progress.hang = {**self.hang, "detected_at": time.time()}
+        lowest = progress.rows[ranks_behind[0]]["step"]
+        progress.hang = {**(progress.hang or {}), "step": lowest, "behind": behind,
+                         "stacks": str(self.run_dir / "stacks")}  # fmt: skip
         for entry in behind:
             self.output.note(
                 f"behind at step {lowest}: {entry['node']} rank {entry['rank']}: {entry['where']}"
@@ -470,7 +470,7 @@ class _Run:
             root_cause=root,
             first_failure=self.first_failure,
             not_joined=by_node,
-            hang=self.hang,
+            hang=self.output.progress.hang,
         )
 
 

@@ -54,15 +54,11 @@ class LoadResult:
 
 
 class LoadMemory:
-    """Context manager sampling this process's RSS while the block runs."""
+    """Context manager sampling this process's RSS while the block runs; `result()` after it."""
 
     def __init__(self) -> None:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._start = _read()
-        self._peak = dict(self._start)
-        self._after = dict(self._start)
-        self._seconds = 0.0
 
     def _take(self) -> dict[str, int]:
         now = _read()
@@ -71,9 +67,8 @@ class LoadMemory:
         return now
 
     def _sample(self) -> None:
-        while not self._stop.is_set():
+        while not self._stop.wait(SAMPLE_S):
             self._take()
-            time.sleep(SAMPLE_S)
 
     def __enter__(self) -> LoadMemory:
         self._start = _read()

@@ -107,29 +107,26 @@ def _all_agree(ok: int) -> bool:
     return bool(flag.item())
 
 
-def _report_load_memory(result, model, *, output: Path, rank: int) -> None:
+def _report_load_memory(result, model, *, nodes: list[str], output: Path, rank: int) -> None:
     """Every rank's host RAM while loading, gathered to rank 0, printed and written to
-    OUTPUT/load_memory.json (seed 004's host OOM shows here first)."""
-    import socket
-
+    OUTPUT/load_memory.json (seed 004's host OOM shows here first). `nodes`: each rank's."""
     import torch.distributed as dist
 
     full_copy = sum(
         getattr(p, "ds_numel", p.numel()) * p.element_size() for p in model.parameters()
     )
     gathered: list = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, (result, socket.gethostname()))
+    dist.all_gather_object(gathered, result)
     if rank == 0:
-        report = hostmem.summary(
-            [r for r, _ in gathered], [node for _, node in gathered], full_copy_bytes=full_copy
-        )
+        report = hostmem.summary(gathered, nodes, full_copy_bytes=full_copy)
         (output / "load_memory.json").write_text(json.dumps(report, indent=2) + "\n")
         print(hostmem.render(report), flush=True)
 
 
-def _require_shared_output(cache: Path, rank: int) -> None:
+def _require_shared_output(cache: Path, rank: int) -> list[str]:
     """Every rank must see the data cache the launch node wrote into OUTPUT: checkpoints, the
-    cache and the export all assume OUTPUT is one storage for every node."""
+    cache and the export all assume OUTPUT is one storage for every node. Returns each rank's
+    node name, in rank order."""
     import socket
 
     import torch.distributed as dist
@@ -138,7 +135,7 @@ def _require_shared_output(cache: Path, rank: int) -> None:
     dist.all_gather_object(seen, (socket.gethostname(), cache.is_dir()))
     apart = sorted({node for node, ok in seen if not ok})
     if not apart:
-        return
+        return [node for node, _ in seen]
     if rank == 0:
         print(
             f"trainfleet train: {', '.join(apart)} cannot see {cache} (written on the launch node):"
@@ -183,7 +180,7 @@ def main(encoded: str) -> int:
     from trainfleet.plan.speed import flops_per_token
     from trainfleet.train import data, metrics
 
-    _require_shared_output(Path(spec["cache"]), rank)
+    nodes = _require_shared_output(Path(spec["cache"]), rank)
     hf_config = AutoConfig.from_pretrained(config.model)
     ds = deepspeed_json(config, hidden_size=hf_config.hidden_size, world_size=world_size)
     if rank == 0:
@@ -229,7 +226,7 @@ def main(encoded: str) -> int:
     dtype = getattr(torch, TORCH_DTYPES[config.precision])
     with hostmem.LoadMemory() as loading:
         model = AutoModelForCausalLM.from_pretrained(config.model, dtype=dtype)
-    _report_load_memory(loading.result(), model, output=output, rank=rank)
+    _report_load_memory(loading.result(), model, nodes=nodes, output=output, rank=rank)
     tokenizer = AutoTokenizer.from_pretrained(config.model)
     if config.lora:
         from peft import LoraConfig, get_peft_model
