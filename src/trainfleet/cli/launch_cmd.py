@@ -65,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="stop the run when no rank advanced a step for S seconds (heartbeats from "
         "trainfleet.heartbeat.beat; `trainfleet train` sends them), after dumping every "
-        "rank's stack into RUN_DIR/stacks (py-spy)" + "; default: off",
+        "rank's stack into RUN_DIR/stacks (py-spy); default: off",
     )
     parser.add_argument(
         "--no-preflight",

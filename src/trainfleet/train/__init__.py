@@ -140,26 +140,14 @@ def check_memory(
     print("\n".join(fit.lines), file=out, flush=True)
     if not fit.problems:
         return
-    world = sum(ranks_per_node.values())
-    better = fit_check.fastest_fitting(
-        shape, setup, ranks_per_node=ranks_per_node, facts=facts,
-        global_batch=config.micro_batch_size * config.gradient_accumulation_steps * world,
-    )  # fmt: skip
-    options = [
-        *(["ZeRO-3"] if setup.zero < 3 else []),
-        *(["offload (--offload optimizer or all)"] if setup.offload != "all" else []),
-        *(["gradient checkpointing"] if not setup.grad_ckpt else []),
-        *(["a smaller micro batch"] if setup.micro_batch > 1 else []),
-        "fewer ranks per node, or more nodes",
-    ]
-    fix = (
-        f"the planner's fastest config that fits: {better}"
-        if better
-        else f"{', '.join(options)}; `trainfleet plan --model {config.model}` compares them"
-    )
     if not strict:
         print(f"trainfleet train: warning: {'; '.join(fit.problems)}", file=out, flush=True)
         return
+    world = sum(ranks_per_node.values())
+    fix = fit_check.what_would_fit(
+        shape, setup, ranks_per_node=ranks_per_node, facts=facts, model=config.model,
+        global_batch=config.micro_batch_size * config.gradient_accumulation_steps * world,
+    )  # fmt: skip
     raise fit_check.WontFit(
         "the plan says this run does not fit, nothing was started:\n  " + "\n  ".join(fit.problems),
         fix + " (--no-preflight starts it anyway)",

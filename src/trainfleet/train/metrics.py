@@ -66,9 +66,9 @@ def make_callback(
             self.last_step = 0
             self.first_step = 0
             self.file = None
-
-        busy = 0.0
-        forward_started = 0.0
+            self.busy = 0.0
+            """Seconds in the model's forward passes since the last step ended."""
+            self.forward_started = 0.0
 
         def on_train_begin(self, args, state, control, model=None, **kwargs):
             if model is not None:  # busy time: the seconds in the model's forward passes

@@ -117,6 +117,27 @@ def fastest_fitting(
     )
 
 
+def what_would_fit(
+    shape: ModelShape, setup: TrainSetup, *, ranks_per_node: dict[str, int], facts: dict,
+    global_batch: int, model: str,
+) -> str:  # fmt: skip
+    """The fix for a run that does not fit: the planner's fastest config that does (GPU
+    nodes), else the settings that would lower the need and are not in use yet."""
+    better = fastest_fitting(
+        shape, setup, ranks_per_node=ranks_per_node, facts=facts, global_batch=global_batch
+    )
+    if better:
+        return f"the planner's fastest config that fits: {better}"
+    options = [
+        *(["ZeRO-3"] if setup.zero < 3 else []),
+        *(["offload (--offload optimizer or all)"] if setup.offload != "all" else []),
+        *(["gradient checkpointing"] if not setup.grad_ckpt else []),
+        *(["a smaller micro batch"] if setup.micro_batch > 1 else []),
+        "fewer ranks per node, or more nodes",
+    ]
+    return f"{', '.join(options)}; `trainfleet plan --model {model}` compares them"
+
+
 def _devices(sheet: dict | None) -> list[dict]:
     """The GPUs on a fact sheet (probe's nvidia-smi query); [] without GPUs or facts."""
     return ((sheet or {}).get("gpus") or {}).get("devices") or []
