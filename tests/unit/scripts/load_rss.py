@@ -151,3 +151,5 @@ if __name__ == "__main__":
     if len(sys.argv) not in (3, 4) or sys.argv[2] not in ("plain", "zero3"):
         sys.exit(f"usage: {os.path.basename(sys.argv[0])} MODEL_DIR plain|zero3 [DTYPE]")
     main(sys.argv[1], sys.argv[2], sys.argv[3] if len(sys.argv) == 4 else "bfloat16")
+    sys.stdout.flush()
+    os._exit(0)  # see trainfleet.train.worker: no C++ teardown after ZeRO-3 on gloo
