@@ -21,7 +21,7 @@ pytestmark = pytest.mark.unit
 SHIM = Path(shim.__file__)
 
 
-def _start(argv, run_id="t1") -> subprocess.Popen:
+def _start(argv, run_id="t1", **job_fields) -> subprocess.Popen:
     proc = subprocess.Popen(
         [sys.executable, "-u", "-c", bootstrap.LOADER],
         stdin=subprocess.PIPE,
@@ -29,6 +29,7 @@ def _start(argv, run_id="t1") -> subprocess.Popen:
         stderr=subprocess.PIPE,
     )
     job = {"run_id": run_id, "cwd": None, "env": {}, "argv": argv, "shim": "", "grace": 2}
+    job.update(job_fields)
     proc.stdin.write(bootstrap.payload(job))
     proc.stdin.flush()
     return proc
@@ -72,6 +73,24 @@ def test_closing_stdin_kills_every_process_of_the_job_even_in_another_session():
     assert time.monotonic() - started < 5
     assert proc.returncode == 143
     assert _pids_with(f"sleep {marker}") == []
+
+
+def test_a_silent_launcher_stops_the_job_after_the_lifeline():
+    """Keepalive lines keep the job running; once they stop coming (a link down: stdin stays
+    open, nothing arrives) the job is stopped after `lifeline` seconds."""
+    marker = f"{time.time_ns() % 10**6}.456"
+    proc = _start(["sleep", marker], lifeline=1.5)
+    for _ in range(10):  # 3 s of keepalives, twice the lifeline
+        time.sleep(0.3)
+        proc.stdin.write(b"\n")
+        proc.stdin.flush()
+    assert proc.poll() is None and _pids_with(f"sleep {marker}")
+    silent = time.monotonic()
+    assert proc.wait(timeout=15) == 143
+    assert 1.5 <= time.monotonic() - silent < 4
+    assert b"nothing from the launcher for 1 s" in proc.stderr.read()
+    assert _pids_with(f"sleep {marker}") == []
+    proc.stdin.close()
 
 
 def _free_port() -> int:

@@ -4,7 +4,11 @@ guarantees that nothing of it outlives the launch.
 The launcher runs `python -u -c LOADER` over ssh; LOADER reads one line from stdin (this file
 plus the job, base64) and runs it. After that line, stdin is the lifeline: when it closes (the
 launcher stopped the job, died, or its ssh connection dropped), or on SIGTERM/SIGHUP, every
-process of the job on this node gets SIGTERM, then SIGKILL after a grace period.
+process of the job on this node gets SIGTERM, then SIGKILL after a grace period. The launcher
+also sends an empty line every few seconds: when none has come for `lifeline` seconds, the
+connection is lost without having closed (a link down, the launch machine gone: TCP notices
+nothing for hours), and the job is stopped the same way, so that no rank of it keeps holding
+the node's GPUs and ports.
 
 "Every process of the job": the command runs in its own session, and this process is made a
 child subreaper (prctl), so that workers which leave their parent's session (torchrun starts
@@ -12,7 +16,8 @@ each rank in a new session) or lose their parent are still its descendants. They
 pid from /proc, never by name.
 
 The job (JSON): run_id, cwd, env (set over the login environment), argv (the token {SHIM} is
-replaced by the path of the rank shim written here), shim (its source), grace (seconds).
+replaced by the path of the rank shim written here), shim (its source), grace (seconds),
+lifeline (seconds; absent or 0: no limit).
 """
 
 import base64
@@ -111,11 +116,12 @@ def stop_everything(child_pid, status, grace):
 
 def main(job):
     stop = threading.Event()
+    heard = [time.monotonic()]  # when the launcher last wrote
 
     def watch_stdin():
         try:
             while sys.stdin.readline():
-                pass
+                heard[0] = time.monotonic()
         except (OSError, ValueError):
             pass
         stop.set()
@@ -146,8 +152,16 @@ def main(job):
         sys.stderr.write("@@trainfleet:%s:pid:%d\n" % (job["run_id"], os.getpid()))
         sys.stderr.flush()
         threading.Thread(target=watch_stdin, daemon=True).start()
+        lifeline = job.get("lifeline") or 0
         while status["rc"] is None and not stop.is_set():
             reap(proc.pid, status)
+            if lifeline and time.monotonic() - heard[0] > lifeline:
+                sys.stderr.write(
+                    "trainfleet: nothing from the launcher for %d s (its connection is lost):"
+                    " stopping this node's job\n" % lifeline
+                )
+                sys.stderr.flush()
+                stop.set()
             stop.wait(0.1)
         stopped = status["rc"] is None  # the loop ended on a stop, not on the command's exit
         stop_everything(proc.pid, status, job.get("grace", 5))

@@ -1,6 +1,6 @@
 """Runs a launch's channels (one ssh to each node's bootstrap, or DeepSpeed's runner): output
-merged with `[node:rank]` prefixes and written per rank, fail-fast, the join watchdog, and the
-same stop on every path.
+merged with `[node:rank]` prefixes and written per rank (`launch/output.py`), fail-fast, the
+join and hang watchdogs, and the same stop on every path.
 
     >>> channels = bootstrap_channels(plan, cluster)  # doctest: +SKIP
     >>> result = supervise(plan, channels, run_dir=Path("runs/x"))  # doctest: +SKIP
@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import enum
 import os
-import re
 import signal
 import sys
 import time
@@ -31,26 +30,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from trainfleet import heartbeat
 from trainfleet.cluster import Cluster
 from trainfleet.launch import bootstrap, shim, stacks
 from trainfleet.launch.deepspeed import DeepSpeedPlan
+from trainfleet.launch.output import MergedOutput, pump
 from trainfleet.launch.plan import LaunchPlan
-from trainfleet.launch.progress import Progress
-from trainfleet.launch.rootcause import ErrorTracker, RankError
+from trainfleet.launch.rootcause import RankError
 from trainfleet.remote import node_argv
 
 AnyPlan = LaunchPlan | DeepSpeedPlan
 
-_TORCHRUN_PREFIX = re.compile(r"^\[default(\d+)\]:(.*)$", re.DOTALL)
-_PDSH_PREFIX = re.compile(r"^([^\s:]+): (.*)$", re.DOTALL)
-_PDSH_EXIT = re.compile(r"^pdsh@\S+: ([^\s:]+): ssh exited with exit code (\d+)")
-_TORCH_RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")
-"""torch prefixes the lines of a rank's uncaught exception with `[rankN]: `."""
 CUT_OFF_AFTER_S = 5
 """After a node's grace period: how long before its ssh is killed."""
 SSH_DROPPED = 255
 STATUS_EVERY_S = 1.0
+KEEPALIVE_EVERY_S = 5.0
+LIFELINE_S = 30.0
+"""A bootstrap that has heard nothing from the launcher for this long stops its node's job
+(`bootstrap.py`): the launcher writes an empty line to each every KEEPALIVE_EVERY_S. The
+launcher's side gives up on a silent node after 15 s (ssh's ServerAliveInterval=5 x 3)."""
 
 
 def channel_end(code: int) -> str:
@@ -94,6 +92,7 @@ def bootstrap_channels(plan: LaunchPlan, cluster: Cluster) -> list[Channel]:
             "argv": node_plan.argv,
             "shim": shim_source,
             "grace": plan.options.grace,
+            "lifeline": LIFELINE_S,
         }
         argv = node_argv(node, [node.python, "-u", "-c", bootstrap.LOADER], multiplex=False)
         channels.append(Channel(name=node.host, argv=argv, payload=bootstrap.payload(job)))
@@ -148,127 +147,12 @@ class LaunchResult:
         }
 
 
-@dataclass(slots=True)
-class _Joins:
-    """Join watchdog state, from the rank shim's marks."""
-
-    world_size: int
-    started: set = field(default_factory=set)
-    joined: set = field(default_factory=set)
-    first_entered: float | None = None
-
-    def mark(self, event: str, rank: int, now: float) -> None:
-        if event == "started":
-            self.started.add(rank)
-        elif event == "entered":
-            self.first_entered = self.first_entered or now
-        elif event == "joined":
-            self.joined.add(rank)
-
-    def stalled(self, started_at: float, now: float, timeout: float) -> set[int] | None:
-        """The ranks that have not joined, once the join timeout has run out; else None."""
-        everyone = set(range(self.world_size))
-        if len(self.started) < self.world_size and now - started_at > timeout:
-            return everyone - self.joined
-        if self.first_entered and len(self.joined) < self.world_size:
-            if now - self.first_entered > timeout:
-                return everyone - self.joined
-        return None
-
-
-class _Output:
-    """Prefixes, prints and logs every line; feeds the error tracker and the join watchdog."""
-
-    def __init__(self, plan: AnyPlan, run_dir: Path, out: IO[str], started: float) -> None:
-        self.plan = plan
-        self.out = out
-        self.started = started
-        self.logs: dict[str, IO[str]] = {}
-        self.log_dir = run_dir / "logs"
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.tracker = ErrorTracker()
-        self.joins = _Joins(plan.world_size)
-        self.ranges = plan.rank_ranges()
-        self.node_exits: list[tuple[str, int]] = []
-        """(node, exit code) as pdsh reports each node's end (deepspeed backend)."""
-        self.mark = f"{shim.MARK}:{plan.options.run_id}:"
-        self.width = max(len(h) for h in self.ranges) + len(str(plan.world_size)) + 3
-        self.progress = Progress(
-            run_id=plan.options.run_id, ranks=self.ranges, started_at=time.time()
-        )
-        self.progress.hang_timeout_s = plan.options.hang_timeout
-        self.quiet = False
-        """Once the launcher stops the run: lines go to the logs only (torchrun's shutdown
-        tracebacks would bury the cause)."""
-
-    def _log(self, name: str) -> IO[str]:
-        if name not in self.logs:
-            self.logs[name] = open(self.log_dir / f"{name}.log", "a", encoding="utf-8")
-        return self.logs[name]
-
-    def line(self, channel: Channel, stream: str, text: str) -> None:
-        now = time.monotonic()
-        node, rank = channel.name, None
-        if channel.pdsh:  # `gpu-node-2: text`; `pdsh@launch: gpu-node-2: ssh exited with ...`
-            exited = _PDSH_EXIT.match(text)
-            if exited and exited.group(1) in self.ranges:
-                self.node_exits.append((exited.group(1), int(exited.group(2))))
-            prefixed = _PDSH_PREFIX.match(text)
-            if prefixed and prefixed.group(1) in self.ranges:
-                node, text = prefixed.group(1), prefixed.group(2)
-        match = _TORCHRUN_PREFIX.match(text)
-        if match and node in self.ranges:
-            rank = self.ranges[node].start + int(match.group(1))
-            text = match.group(2)
-        if text.startswith(self.mark):
-            event, _, who = text[len(self.mark) :].partition(":")
-            if event == "beat":
-                who, _, payload = who.partition(":")
-                fields = heartbeat.parse(payload)
-                if who.isdigit() and fields:
-                    self.progress.beat(int(who), fields, now=time.time())
-                return
-            if who.isdigit():
-                self.joins.mark(event, int(who), now)
-                if event.startswith("exit="):
-                    self.tracker.note_exit(now, node, int(who), int(event[5:]))
-            return
-        self.tracker.feed(now, node, rank, _TORCH_RANK_PREFIX.sub("", text, count=1))
-        if not self.quiet:
-            prefix = f"[{node}:{rank}]" if rank is not None else f"[{node}]"
-            self.out.write(f"{prefix:<{self.width}} {text}\n")
-            self.out.flush()
-        log = self._log(f"{node}.rank{rank}" if rank is not None else node)
-        log.write(f"{now - self.started:10.3f} {stream} {text}\n")
-        log.flush()
-
-    def note(self, text: str) -> None:
-        self.out.write(f"trainfleet: {text}\n")
-        self.out.flush()
-        self._log("launch").write(f"{time.monotonic() - self.started:10.3f} {text}\n")
-
-    def close(self) -> None:
-        for log in self.logs.values():
-            log.close()
-
-
-async def _pump(stream: asyncio.StreamReader, node: Channel, name: str, output: _Output) -> None:
-    pending = b""
-    while chunk := await stream.read(1 << 16):
-        pending += chunk
-        *lines, pending = pending.split(b"\n")
-        for raw in lines:
-            output.line(node, name, raw.decode("utf-8", errors="replace"))
-    if pending:
-        output.line(node, name, pending.decode("utf-8", errors="replace"))
-
-
 class _Run:
     def __init__(self, plan: AnyPlan, run_dir: Path, out: IO[str]) -> None:
         self.plan = plan
         self.run_dir = run_dir
         self.started = time.monotonic()
-        self.output = _Output(plan, run_dir, out, self.started)
+        self.output = MergedOutput(plan, run_dir, out, self.started)
         self.procs: dict[str, asyncio.subprocess.Process] = {}
         self.channels: dict[str, Channel] = {}
         self.pumps: list[asyncio.Task] = []
@@ -279,6 +163,7 @@ class _Run:
         self.interrupted = asyncio.Event()
         self.not_joined: set[int] = set()
         self.status_written = 0.0
+        self.keepalive_sent = 0.0
 
     async def start(self, channels: list[Channel]) -> None:
         for channel in channels:
@@ -298,8 +183,8 @@ class _Run:
             self.channels[channel.name] = channel
             self.codes[channel.name] = None
             self.pumps += [
-                asyncio.ensure_future(_pump(proc.stdout, channel, "stdout", self.output)),
-                asyncio.ensure_future(_pump(proc.stderr, channel, "stderr", self.output)),
+                asyncio.ensure_future(pump(proc.stdout, channel, "stdout", self.output)),
+                asyncio.ensure_future(pump(proc.stderr, channel, "stderr", self.output)),
             ]
         self.state = RunState.RUNNING
 
@@ -344,6 +229,7 @@ class _Run:
                 )
                 break
             self.write_status()
+            self._keepalive()
             if self._hung():
                 break
         else:
@@ -360,6 +246,19 @@ class _Run:
                 self.run_dir / "status.json", state=self.state.value, now=now
             )
             self.status_written = now
+
+    def _keepalive(self) -> None:
+        """An empty line to every bootstrap: it stops its job when they stop coming."""
+        now = time.monotonic()
+        if now - self.keepalive_sent < KEEPALIVE_EVERY_S:
+            return
+        self.keepalive_sent = now
+        for name, proc in self.procs.items():
+            if self.channels[name].payload and proc.returncode is None:
+                try:
+                    proc.stdin.write(b"\n")
+                except (BrokenPipeError, ConnectionResetError, RuntimeError):
+                    pass  # its end is seen by watch()
 
     def _hung(self) -> bool:
         timeout = self.plan.options.hang_timeout

@@ -1,0 +1,151 @@
+"""A launch's merged output: every line of every channel prefixed `[node:rank]`, printed and
+logged per rank (RUN_DIR/logs); the rank shim's marks taken out of it for the join watchdog
+(`Joins`) and the exit codes, heartbeats for RUN_DIR/status.json (`launch/progress.py`), and
+every other line fed to the root-cause tracker (`launch/rootcause.py`).
+
+    >>> joins = Joins(world_size=2)
+    >>> joins.mark("started", 0, now=0.0); joins.mark("started", 1, now=0.0)
+    >>> joins.mark("entered", 0, now=1.0); joins.mark("joined", 0, now=1.5)
+    >>> joins.stalled(started_at=0.0, now=70.0, timeout=60.0)
+    {1}
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, TYPE_CHECKING
+
+from trainfleet import heartbeat
+from trainfleet.launch import shim
+from trainfleet.launch.progress import Progress
+from trainfleet.launch.rootcause import ErrorTracker
+
+if TYPE_CHECKING:
+    from trainfleet.launch.supervisor import AnyPlan, Channel
+
+_TORCHRUN_PREFIX = re.compile(r"^\[default(\d+)\]:(.*)$", re.DOTALL)
+_PDSH_PREFIX = re.compile(r"^([^\s:]+): (.*)$", re.DOTALL)
+_PDSH_EXIT = re.compile(r"^pdsh@\S+: ([^\s:]+): ssh exited with exit code (\d+)")
+_TORCH_RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")
+"""torch prefixes the lines of a rank's uncaught exception with `[rankN]: `."""
+
+
+@dataclass(slots=True)
+class Joins:
+    """Join watchdog state, from the rank shim's marks."""
+
+    world_size: int
+    started: set = field(default_factory=set)
+    joined: set = field(default_factory=set)
+    first_entered: float | None = None
+
+    def mark(self, event: str, rank: int, now: float) -> None:
+        if event == "started":
+            self.started.add(rank)
+        elif event == "entered":
+            self.first_entered = self.first_entered or now
+        elif event == "joined":
+            self.joined.add(rank)
+
+    def stalled(self, started_at: float, now: float, timeout: float) -> set[int] | None:
+        """The ranks that have not joined, once the join timeout has run out; else None."""
+        everyone = set(range(self.world_size))
+        if len(self.started) < self.world_size and now - started_at > timeout:
+            return everyone - self.joined
+        if self.first_entered and len(self.joined) < self.world_size:
+            if now - self.first_entered > timeout:
+                return everyone - self.joined
+        return None
+
+
+class MergedOutput:
+    """Prefixes, prints and logs every line; feeds the error tracker and the join watchdog."""
+
+    def __init__(self, plan: AnyPlan, run_dir: Path, out: IO[str], started: float) -> None:
+        self.plan = plan
+        self.out = out
+        self.started = started
+        self.logs: dict[str, IO[str]] = {}
+        self.log_dir = run_dir / "logs"
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.tracker = ErrorTracker()
+        self.joins = Joins(plan.world_size)
+        self.ranges = plan.rank_ranges()
+        self.node_exits: list[tuple[str, int]] = []
+        """(node, exit code) as pdsh reports each node's end (deepspeed backend)."""
+        self.mark = f"{shim.MARK}:{plan.options.run_id}:"
+        self.width = max(len(h) for h in self.ranges) + len(str(plan.world_size)) + 3
+        self.progress = Progress(
+            run_id=plan.options.run_id, ranks=self.ranges, started_at=time.time()
+        )
+        self.progress.hang_timeout_s = plan.options.hang_timeout
+        self.quiet = False
+        """Once the launcher stops the run: lines go to the logs only (torchrun's shutdown
+        tracebacks would bury the cause)."""
+
+    def _log(self, name: str) -> IO[str]:
+        if name not in self.logs:
+            self.logs[name] = open(self.log_dir / f"{name}.log", "a", encoding="utf-8")
+        return self.logs[name]
+
+    def line(self, channel: Channel, stream: str, text: str) -> None:
+        now = time.monotonic()
+        node, rank = channel.name, None
+        if channel.pdsh:  # `gpu-node-2: text`; `pdsh@launch: gpu-node-2: ssh exited with ...`
+            exited = _PDSH_EXIT.match(text)
+            if exited and exited.group(1) in self.ranges:
+                self.node_exits.append((exited.group(1), int(exited.group(2))))
+            prefixed = _PDSH_PREFIX.match(text)
+            if prefixed and prefixed.group(1) in self.ranges:
+                node, text = prefixed.group(1), prefixed.group(2)
+        match = _TORCHRUN_PREFIX.match(text)
+        if match and node in self.ranges:
+            rank = self.ranges[node].start + int(match.group(1))
+            text = match.group(2)
+        if text.startswith(self.mark):
+            event, _, who = text[len(self.mark) :].partition(":")
+            if event == "beat":
+                who, _, payload = who.partition(":")
+                fields = heartbeat.parse(payload)
+                if who.isdigit() and fields:
+                    self.progress.beat(int(who), fields, now=time.time())
+                return
+            if who.isdigit():
+                self.joins.mark(event, int(who), now)
+                if event.startswith("exit="):
+                    self.tracker.note_exit(now, node, int(who), int(event[5:]))
+            return
+        self.tracker.feed(now, node, rank, _TORCH_RANK_PREFIX.sub("", text, count=1))
+        if not self.quiet:
+            prefix = f"[{node}:{rank}]" if rank is not None else f"[{node}]"
+            self.out.write(f"{prefix:<{self.width}} {text}\n")
+            self.out.flush()
+        log = self._log(f"{node}.rank{rank}" if rank is not None else node)
+        log.write(f"{now - self.started:10.3f} {stream} {text}\n")
+        log.flush()
+
+    def note(self, text: str) -> None:
+        self.out.write(f"trainfleet: {text}\n")
+        self.out.flush()
+        self._log("launch").write(f"{time.monotonic() - self.started:10.3f} {text}\n")
+
+    def close(self) -> None:
+        for log in self.logs.values():
+            log.close()
+
+
+async def pump(
+    stream: asyncio.StreamReader, node: Channel, name: str, output: MergedOutput
+) -> None:
+    pending = b""
+    while chunk := await stream.read(1 << 16):
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for raw in lines:
+            output.line(node, name, raw.decode("utf-8", errors="replace"))
+    if pending:
+        output.line(node, name, pending.decode("utf-8", errors="replace"))
