@@ -35,7 +35,7 @@ BACKENDS = [
 ]
 
 
-def _launch(cluster_file, run_dir, *args, script=ALLREDUCE, env=None, **popen):
+def _launch(cluster_file, run_dir, *args, script=ALLREDUCE, script_args=(), env=None, **popen):
     argv = [
         sys.executable,
         "-m",
@@ -48,6 +48,7 @@ def _launch(cluster_file, run_dir, *args, script=ALLREDUCE, env=None, **popen):
         *args,
         "--",
         str(SCRIPTS / script),  # (an absolute path stays as it is)
+        *script_args,
     ]
     proc = subprocess.Popen(
         argv,
@@ -212,6 +213,38 @@ def test_a_killed_node_connection_stops_the_run(make_sandbox, tmp_path):
     assert "gpu-node-3 failed" in out and "stopping every rank on every node" in out
 
 
+def test_a_node_cut_off_by_a_link_down_stops_its_own_ranks(make_sandbox, tmp_path):
+    """gpu-node-2's link goes down and stays down: the launcher gives up on it after ssh's
+    keepalive (15 s) and cannot reach it to stop anything; the node's bootstrap, hearing no
+    keepalive for LIFELINE_S, stops its ranks itself, while the link is still down."""
+    from trainfleet.launch.supervisor import KEEPALIVE_EVERY_S, LIFELINE_S
+    from trainfleet.sandbox.netns import netns_pids
+
+    box = make_sandbox(nodes=2)
+    proc = _launch(box.cluster_file, tmp_path / "run", script="long.py")
+    _wait_for(tmp_path / "run" / "logs" / "gpu-node-2.rank1.log", "joined")
+    node = box.node(2)
+    link = ["ip", "-n", node.netns, "link", "set", node.ifname]
+
+    def left_on_node_2() -> list[str]:
+        return [p for p in _job_processes() if int(p.split(":")[0]) in netns_pids(node.netns)]
+
+    assert left_on_node_2()
+    cut = time.monotonic()
+    subprocess.run([*link, "down"], check=True)
+    try:
+        code, out = _finish(proc, timeout=60)
+        assert code != 0 and "gpu-node-2 failed (its connection dropped)" in out, out
+        while left_on_node_2() and time.monotonic() - cut < LIFELINE_S + 10:
+            time.sleep(0.5)
+        assert left_on_node_2() == [], time.monotonic() - cut
+        # The lifeline runs from the last keepalive that arrived, up to KEEPALIVE_EVERY_S
+        # before the cut.
+        assert LIFELINE_S - KEEPALIVE_EVERY_S <= time.monotonic() - cut < LIFELINE_S + 10
+    finally:
+        subprocess.run([*link, "up"], check=True)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_stopped_rank_is_found_by_the_hang_watchdog_with_every_stack(
     make_sandbox, tmp_path, backend
@@ -239,3 +272,37 @@ def test_a_stopped_rank_is_found_by_the_hang_watchdog_with_every_stack(
     assert "rank-hung: no rank advanced past step 19" in out
     stacks = sorted(p.name for p in (run_dir / "stacks").iterdir())
     assert stacks == ["gpu-node-1.rank0.txt", "gpu-node-2.rank1.txt"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_max_restarts_starts_the_command_again_after_a_crash(make_sandbox, tmp_path, backend):
+    """The last rank exits 3 in the first attempt only: with --max-restarts 2 the run is
+    stopped, restarted once with TRAINFLEET_RESTART=1 on every rank, and ends done; the cause
+    is logged in the first run dir's restarts.jsonl and carried into the second's status."""
+    box = make_sandbox(nodes=2, slots=1)
+    run_dir = tmp_path / "run"
+    proc = _launch(box.cluster_file, run_dir, f"--backend={backend}", "--max-restarts", "2",
+                   script="crash_until_restart.py", script_args=["1"])  # fmt: skip
+    code, out = _finish(proc)
+    assert code == 0, out
+    assert "restart 1 of 2 after rank-crashed: gpu-node-2 rank 1: rank 1 exited with code 3" in out
+    assert "finished with TRAINFLEET_RESTART=1" in out
+    assert "restart 2 of 2" not in out
+    restarts = [json.loads(x) for x in (run_dir / "restarts.jsonl").read_text().splitlines()]
+    assert [r["cause"].split(":")[0] for r in restarts] == ["rank-crashed"]
+    assert json.loads((run_dir / "status.json").read_text())["state"] == "failed"
+    second = json.loads((tmp_path / "run.restart-1" / "status.json").read_text())
+    assert second["state"] == "done" and len(second["restarts"]) == 1
+
+
+def test_max_restarts_gives_up_with_every_cause(make_sandbox, tmp_path):
+    box = make_sandbox(nodes=2, slots=1)
+    run_dir = tmp_path / "run"
+    proc = _launch(box.cluster_file, run_dir, "--max-restarts", "1",
+                   script="crash_until_restart.py", script_args=["9"])  # fmt: skip
+    code, out = _finish(proc)
+    assert code == 3, out
+    assert "restart 1 of 1 after rank-crashed" in out
+    assert "after 1 restart(s):\n  1. rank-crashed: gpu-node-2 rank 1" in out
+    assert len((run_dir / "restarts.jsonl").read_text().splitlines()) == 1
+    assert json.loads((tmp_path / "run.restart-1" / "status.json").read_text())["state"] == "failed"

@@ -54,6 +54,7 @@ gpu-node-1: node_rank 0, ranks 0-1, cwd /work/project
     TORCH_HOME=/data/torch
     TRAINFLEET_LOCAL_RANK_ARG=auto
     TRAINFLEET_NODE=gpu-node-1
+    TRAINFLEET_RESTART=0
     TRAINFLEET_RUN_ID=r1
 
 gpu-node-2: node_rank 1, ranks 2-3, cwd /work/project
@@ -69,6 +70,7 @@ gpu-node-2: node_rank 1, ranks 2-3, cwd /work/project
     TORCH_HOME=/data/torch
     TRAINFLEET_LOCAL_RANK_ARG=auto
     TRAINFLEET_NODE=gpu-node-2
+    TRAINFLEET_RESTART=0
     TRAINFLEET_RUN_ID=r1
     WANDB_API_KEY='***'
 
@@ -132,13 +134,15 @@ def test_a_busy_master_port_moves_to_the_next_free_one_and_says_so():
     assert plan.master_port == 29501 and plan.notes
 
 
-def _ds_plan(cluster, tmp_path):
+def _ds_plan(cluster, tmp_path, **options):
     from trainfleet.launch.deepspeed import plan_deepspeed
 
     return plan_deepspeed(
         cluster,
         FACTS,
-        LaunchOptions(command=("train.py", "--lr", "1e-4"), run_id="r1", backend="deepspeed"),
+        LaunchOptions(
+            command=("train.py", "--lr", "1e-4"), run_id="r1", backend="deepspeed", **options
+        ),
         master_addr="10.0.0.11",
         launch_env=LAUNCH_ENV,
         launch_cwd="/work/project",
@@ -181,3 +185,11 @@ def test_deepspeed_backend_refuses_per_node_ssh_options(tmp_path):
     )
     with pytest.raises(TrainfleetError, match="pdsh"):
         _ds_plan(cluster, tmp_path)
+
+
+def test_a_restart_is_told_to_every_rank_on_both_backends(tmp_path):
+    """`--max-restarts`: the Nth restart's ranks see TRAINFLEET_RESTART=N, so a script knows
+    to resume."""
+    cluster = parse_cluster_yaml(CLUSTER, "cluster.yaml")
+    assert {n.env["TRAINFLEET_RESTART"] for n in _plan(cluster, restart=2).nodes} == {"2"}
+    assert "TRAINFLEET_RESTART=2" in _ds_plan(cluster, tmp_path, restart=2).ds_env.splitlines()

@@ -68,6 +68,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "rank's stack into RUN_DIR/stacks (py-spy); default: off",
     )
     parser.add_argument(
+        "--max-restarts",
+        type=int,
+        default=0,
+        metavar="N",
+        help="after a crash, a lost node, a hang or a rendezvous timeout: stop everything, "
+        "rerun the quick preflight and start the command again, up to N times; every rank "
+        "gets TRAINFLEET_RESTART=1, 2... so the script can resume from its checkpoint; each "
+        "cause goes to RUN_DIR/restarts.jsonl (default 0)",
+    )
+    parser.add_argument(
         "--no-preflight",
         dest="preflight",
         action="store_false",
@@ -151,10 +161,13 @@ def render_outcome(result, plan) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainfleet.launch import LaunchOptions, PreflightFailed, launch, new_run_id, prepare
+    from trainfleet.launch import LaunchOptions, PreflightFailed, new_run_id, prepare
     from trainfleet.launch.deepspeed import DeepSpeedPlan, render_deepspeed
     from trainfleet.launch.plan import render_plan
+    from trainfleet.launch.restarts import launch_with_restarts
 
+    if args.max_restarts < 0:
+        raise TrainfleetError(f"--max-restarts {args.max_restarts}", "pass 0 or more")
     options = LaunchOptions(
         command=_command(args),
         backend=args.backend,
@@ -166,8 +179,30 @@ def run(args: argparse.Namespace) -> int:
     )
     cluster = cluster_from_args(args)
     run_dir = Path(args.run_dir or f"trainfleet-runs/{options.run_id}")
+
+    def print_notes(plan, _report) -> None:
+        for note in plan.notes:
+            print(f"trainfleet: {note}", file=sys.stderr)
+
     try:
-        plan, _ = prepare(cluster, options, preflight=args.preflight, run_dir=run_dir)
+        if args.dry_run:
+            plan, _ = prepare(cluster, options, preflight=args.preflight, run_dir=run_dir)
+            print(render_deepspeed(plan) if isinstance(plan, DeepSpeedPlan) else render_plan(plan))
+            return 0
+        result, plan = launch_with_restarts(
+            cluster,
+            options,
+            max_restarts=args.max_restarts,
+            run_dir_of=lambda o: (
+                run_dir.with_name(f"{run_dir.name}.restart-{o.restart}") if o.restart else run_dir
+            ),
+            log=run_dir / "restarts.jsonl",
+            then="the command starts again with TRAINFLEET_RESTART set (resuming is the script's)",
+            preflight=args.preflight,
+            on_first_plan=print_notes,
+            # With --json, stdout holds only the JSON outcome: the ranks' lines go to stderr.
+            out=sys.stderr if args.json else sys.stdout,
+        )
     except PreflightFailed as exc:
         print(
             "trainfleet: the preflight doctor found errors; nothing was started:", file=sys.stderr
@@ -175,13 +210,6 @@ def run(args: argparse.Namespace) -> int:
         print("\n".join(_render_findings(exc.report.findings)), file=sys.stderr)
         print("fix them, or pass --no-preflight to start anyway", file=sys.stderr)
         return 1
-    if args.dry_run:
-        print(render_deepspeed(plan) if isinstance(plan, DeepSpeedPlan) else render_plan(plan))
-        return 0
-    for note in plan.notes:
-        print(f"trainfleet: {note}", file=sys.stderr)
-    # With --json, stdout holds only the JSON outcome: the ranks' lines go to stderr.
-    result = launch(plan, cluster, run_dir=run_dir, out=sys.stderr if args.json else sys.stdout)
     if args.json:
         print(json.dumps(result.to_json(), indent=2))
     else:

@@ -128,6 +128,7 @@ def plan_deepspeed(
     no_gpus = all(facts.get(n.host, NodeFacts()).gpus == 0 for n in cluster.nodes)
     ds_env = {
         "TRAINFLEET_RUN_ID": options.run_id,
+        "TRAINFLEET_RESTART": str(options.restart),
         "TRAINFLEET_NODE_ENV": f"{node_dir}/node_env.json",
         # DeepSpeed's launcher passes --local_rank itself; the shim passes it on.
         "TRAINFLEET_LOCAL_RANK_ARG": "never",

@@ -57,6 +57,9 @@ class LaunchOptions:
     hang_timeout: float | None = None
     """Seconds without any rank advancing a step (heartbeats) before the run is HUNG; None:
     no hang watchdog (a script that sends no heartbeats is never judged)."""
+    restart: int = 0
+    """How many times this run has been restarted (`--max-restarts`): TRAINFLEET_RESTART on
+    every rank, so that a script knows to resume."""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -199,7 +202,9 @@ def plan_launch(
     for node_rank, node in enumerate(cluster.nodes):
         env = node_env(cluster, node.host, facts.get(node.host, NodeFacts()), launch_env)
         env.update(
-            TRAINFLEET_RUN_ID=options.run_id, TRAINFLEET_LOCAL_RANK_ARG=options.local_rank_arg
+            TRAINFLEET_RUN_ID=options.run_id,
+            TRAINFLEET_RESTART=str(options.restart),
+            TRAINFLEET_LOCAL_RANK_ARG=options.local_rank_arg,
         )
         nodes.append(
             NodePlan(

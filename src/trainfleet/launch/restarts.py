@@ -10,23 +10,38 @@
 
 A run restarts (up to --max-restarts times) after FAILED (a rank crashed, a node's connection
 dropped), HUNG and STALLED; never after DONE or INTERRUPTED (Ctrl-C is the user's). Every
-restart is a new launch: the quick preflight again, a new run id and run directory, and the
-training resumes from its latest complete checkpoint. Each one is appended to
-OUTPUT/restarts.jsonl and carried into the next run's status.json.
+restart is a new launch (`launch_with_restarts`): the quick preflight again, a new run id and
+run directory, TRAINFLEET_RESTART=N on every rank; `trainfleet train` resumes from its latest
+complete checkpoint, a script given to `trainfleet launch` resumes from its own. Each restart
+is appended to a JSON-lines log (OUTPUT/restarts.jsonl for train, the first run directory's
+restarts.jsonl for launch) and carried into the next run's status.json.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TextIO
 
-from trainfleet.launch.supervisor import LaunchResult, RunState, channel_end
+from trainfleet.cluster import Cluster
+from trainfleet.doctor import DoctorReport
+from trainfleet.errors import TrainfleetError
+from trainfleet.launch import launch, new_run_id, prepare
+from trainfleet.launch.plan import LaunchOptions
+from trainfleet.launch.supervisor import AnyPlan, LaunchResult, RunState, channel_end
 
 RESTARTABLE = (RunState.FAILED, RunState.HUNG, RunState.STALLED)
 _DISK_FULL = re.compile(r"No space left on device|the next checkpoint needs about")
 """train's free-space check (`train/checkpoints.py`) and the kernel's ENOSPC text."""
+_NOT_SHARED = re.compile(r"is not shared storage")
+"""train's check that every rank sees OUTPUT (`train/worker.py`): a restart meets it again."""
+PERMANENT = ("output-not-shared",)
+"""Causes that a restart would meet again: no restart is made after them."""
 
 
 def cause_of(result: LaunchResult) -> str:
@@ -50,7 +65,11 @@ def cause_of(result: LaunchResult) -> str:
         return f"rank-crashed: {first} failed first ({why})"
     if root is not None:
         where = f"{root.node} rank {root.rank}" if root.rank is not None else root.node
-        finding = "disk-low" if _DISK_FULL.search(root.text) else "rank-crashed"
+        finding = "rank-crashed"
+        if _DISK_FULL.search(root.text):
+            finding = "disk-low"
+        elif _NOT_SHARED.search(root.text):
+            finding = "output-not-shared"
         return f"{finding}: {where}: {root.text}"
     return f"{result.state.value} (exit code {result.exit_code})"
 
@@ -61,3 +80,61 @@ def record(log: Path, *, attempt: int, run_id: str, cause: str) -> dict:
     with open(log, "a") as file:
         file.write(json.dumps(entry) + "\n")
     return entry
+
+
+def launch_with_restarts(
+    cluster: Cluster,
+    options: LaunchOptions,
+    *,
+    max_restarts: int,
+    run_dir_of: Callable[[LaunchOptions], Path],
+    log: Path,
+    then: str,
+    preflight: bool = True,
+    on_first_plan: Callable[[AnyPlan, DoctorReport], None] | None = None,
+    out: TextIO | None = None,
+) -> tuple[LaunchResult, AnyPlan]:
+    """Prepare and launch; after a restartable end, up to `max_restarts` times again with a new
+    run id (`run_dir_of` names each attempt's run directory). The first attempt's preflight
+    errors are raised as they are (PreflightFailed: nothing started); a later one's give up
+    with every cause so far. `on_first_plan` runs once, before the first launch; `then` ends
+    the restart message ("the command starts again")."""
+    out = out or sys.stdout
+    restarts: list[dict] = []
+    while True:
+        attempt = options
+        if restarts:
+            attempt = dataclasses.replace(options, run_id=new_run_id(), restart=len(restarts))
+        run_dir = run_dir_of(attempt)
+        try:
+            plan, report = prepare(cluster, attempt, preflight=preflight, run_dir=run_dir)
+        except TrainfleetError as exc:
+            if not restarts:
+                raise
+            raise TrainfleetError(
+                f"gave up restarting: the preflight before restart {len(restarts)} found:"
+                f" {exc.what}; " + causes(restarts),
+                exc.fix,
+            ) from None
+        if not restarts and on_first_plan:
+            on_first_plan(plan, report)
+        result = launch(plan, cluster, run_dir=run_dir, out=out, restarts=restarts)
+        result.restarts = restarts
+        if result.state not in RESTARTABLE or len(restarts) >= max_restarts:
+            return result, plan
+        cause = cause_of(result)
+        if cause.startswith(PERMANENT):
+            print(f"trainfleet: no restart: a restart would meet {cause}", file=out, flush=True)
+            return result, plan
+        attempts = len(restarts) + 1
+        restarts.append(record(log, attempt=attempts, run_id=attempt.run_id, cause=cause))
+        print(
+            f"trainfleet: restart {attempts} of {max_restarts} after {cause}: quick preflight,"
+            f" then {then}",
+            file=out,
+            flush=True,
+        )
+
+
+def causes(restarts: list[dict]) -> str:
+    return "causes: " + "; ".join(f"{r['attempt']}. {r['cause']}" for r in restarts)

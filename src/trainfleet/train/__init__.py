@@ -67,8 +67,8 @@ def run_train(
     the quick preflight again and a new launch that resumes from the latest checkpoint
     (`launch/restarts.py`). Returns (LaunchResult, plan); raises PreflightFailed when the
     quick doctor finds errors, TrainfleetError for bad input (nothing started then)."""
-    from trainfleet.launch import LaunchOptions, launch, new_run_id, prepare
-    from trainfleet.launch import restarts as restart_log
+    from trainfleet.launch import LaunchOptions, new_run_id
+    from trainfleet.launch.restarts import launch_with_restarts
     from trainfleet.train import data
 
     check_model_dir(config.model)
@@ -78,47 +78,29 @@ def run_train(
     spec = {"config": config.to_json(), "cache": str(cache)}
     encoded = base64.b64encode(json.dumps(spec).encode()).decode()
     out = out or sys.stdout
-    restarts: list[dict] = []
-    while True:
-        options = LaunchOptions(
-            command=("-m", "trainfleet.train.worker", encoded),
-            run_id=new_run_id(),
-            local_rank_arg="never",
-            join_timeout=join_timeout,
-            hang_timeout=hang_timeout,
-        )
-        run_dir = output / "runs" / options.run_id
-        try:
-            plan, report = prepare(cluster, options, preflight=preflight, run_dir=run_dir)
-        except TrainfleetError as exc:
-            if not restarts:
-                raise
-            raise TrainfleetError(
-                f"gave up restarting: the preflight before restart {len(restarts)} found:"
-                f" {exc.what}; " + _causes(restarts),
-                exc.fix,
-            ) from None
-        if not restarts:
-            facts = report.survey.facts if report.survey else {}
-            check_memory(config, plan.rank_ranges(), facts, strict=preflight, out=out)
-        result = launch(plan, cluster, run_dir=run_dir, out=out, restarts=restarts)
-        result.restarts = restarts
-        if result.state not in restart_log.RESTARTABLE or len(restarts) >= max_restarts:
-            return result, plan
-        cause = restart_log.cause_of(result)
-        restarts.append(restart_log.record(
-            output / "restarts.jsonl", attempt=len(restarts) + 1, run_id=options.run_id, cause=cause
-        ))  # fmt: skip
-        print(
-            f"trainfleet: restart {len(restarts)} of {max_restarts} after {cause}: quick"
-            " preflight, then the run resumes from its latest complete checkpoint",
-            file=out,
-            flush=True,
-        )
+    options = LaunchOptions(
+        command=("-m", "trainfleet.train.worker", encoded),
+        run_id=new_run_id(),
+        local_rank_arg="never",
+        join_timeout=join_timeout,
+        hang_timeout=hang_timeout,
+    )
 
+    def check_fit(plan, report) -> None:
+        facts = report.survey.facts if report.survey else {}
+        check_memory(config, plan.rank_ranges(), facts, strict=preflight, out=out)
 
-def _causes(restarts: list[dict]) -> str:
-    return "causes: " + "; ".join(f"{r['attempt']}. {r['cause']}" for r in restarts)
+    return launch_with_restarts(
+        cluster,
+        options,
+        max_restarts=max_restarts,
+        run_dir_of=lambda attempt: output / "runs" / attempt.run_id,
+        log=output / "restarts.jsonl",
+        then="the run resumes from its latest complete checkpoint",
+        preflight=preflight,
+        on_first_plan=check_fit,
+        out=out,
+    )
 
 
 def check_memory(
