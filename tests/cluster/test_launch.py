@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from trainfleet.examples import ALLREDUCE as ALLREDUCE_SCRIPT
+from trainfleet.examples import HEARTBEAT_LOOP
 
 pytestmark = pytest.mark.cluster
 
@@ -77,7 +78,8 @@ def _job_processes() -> list[str]:
         except OSError:
             continue
         cmdline = raw.replace(b"\0", b" ").decode(errors="replace")
-        if "trainfleet-bootstrap" in cmdline or str(SCRIPTS) in cmdline or ALLREDUCE in cmdline:
+        ours = (str(SCRIPTS), ALLREDUCE, str(HEARTBEAT_LOOP))
+        if "trainfleet-bootstrap" in cmdline or any(path in cmdline for path in ours):
             left.append(f"{entry}: {cmdline[:200]}")
     return left
 
@@ -306,3 +308,42 @@ def test_max_restarts_gives_up_with_every_cause(make_sandbox, tmp_path):
     assert "after 1 restart(s):\n  1. rank-crashed: gpu-node-2 rank 1" in out
     assert len((run_dir / "restarts.jsonl").read_text().splitlines()) == 1
     assert json.loads((tmp_path / "run.restart-1" / "status.json").read_text())["state"] == "failed"
+
+
+def _status_json(run_dir: Path) -> tuple[int, dict | None]:
+    """`trainfleet status RUN_DIR --json` from another process, as from another terminal."""
+    done = subprocess.run(
+        [sys.executable, "-m", "trainfleet", "status", str(run_dir), "--json"],
+        capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    return done.returncode, json.loads(done.stdout) if done.stdout.strip() else None
+
+
+def test_status_from_another_terminal_names_the_slow_rank_while_the_job_runs(
+    make_sandbox, tmp_path
+):
+    """heartbeat_loop.py with rank 1 doing 4x the work of rank 0 per step: their step times
+    are alike (every step waits for the slowest), their busy_s are not. While the job runs,
+    `trainfleet status` sees heartbeats that came over ssh and flags rank 1, not rank 0; after
+    the end it reads the same run as done."""
+    box = make_sandbox(nodes=2, slots=1)
+    run_dir = tmp_path / "run"
+    proc = _launch(box.cluster_file, run_dir, script=str(HEARTBEAT_LOOP),
+                   script_args=["--steps", "400", "--slow-rank", "1"])  # fmt: skip
+    deadline = time.monotonic() + 120
+    while True:
+        code, view = _status_json(run_dir)
+        if view and view["straggler_check"] == "ok":
+            break
+        assert proc.poll() is None and time.monotonic() < deadline, (code, view, proc.poll())
+        time.sleep(0.5)
+    assert code == 0 and view["state"] == "running", view
+    assert view["step"] < 400
+    assert view["stragglers"] == [1], view
+    ranks = {r["rank"]: r for r in view["ranks"]}
+    assert ranks[1]["straggler"] and not ranks[0]["straggler"]
+    assert ranks[1]["median_busy_s"] > 1.5 * ranks[0]["median_busy_s"], ranks
+    code, out = _finish(proc)
+    assert code == 0, out
+    code, after = _status_json(run_dir)
+    assert code == 0 and after["state"] == "done" and after["step"] == 400, after

@@ -34,7 +34,11 @@ Every line comes back as `[node:rank] ...` and is kept in RUN_DIR/logs. When a r
 a node's connection drops, every rank on every node is stopped within seconds, the first
 real error across all nodes is printed with its node and rank, and trainfleet exits with
 that rank's exit code. When not every rank has joined the rendezvous within --join-timeout,
-the run is stopped and doctor's checks say why. Ctrl-C stops everything the same way."""
+the run is stopped and doctor's checks say why. Ctrl-C stops everything the same way.
+With --hang-timeout, a run whose ranks send heartbeats (trainfleet.heartbeat.beat) and stop
+advancing is stopped after every rank's stack is dumped; with --max-restarts N, a run that
+failed, hung or stalled is started again after the quick preflight, TRAINFLEET_RESTART=1, 2...
+telling the script. `trainfleet status` shows the run's progress from another terminal."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
