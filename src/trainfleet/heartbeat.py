@@ -18,14 +18,21 @@ Fields (all optional but `step`): `total_steps` (for the ETA), `loss`, `tokens_p
 this rank spent computing rather than waiting for the others (in synchronous training every
 rank's step takes as long as the slowest rank's, so only this tells a straggler apart);
 `phase` (e.g. `saving`, `exporting`): a change of phase counts as progress for the hang
-watchdog, so a long checkpoint save is not a hang unless it outlasts the timeout itself.
+watchdog; `phase_progress`: any number that grows while a long phase advances (the bytes of a
+checkpoint written so far): each increase counts as progress too. `beating(...)` sends such
+beats from a thread while a phase runs, so that a checkpoint save that takes longer than the
+hang timeout is not a hang while it is still writing, and is one once it writes nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import IO, Any
 
 MARK = "@@trainfleet"  # the shim's; the launcher reads both
@@ -40,6 +47,7 @@ def beat(
     memory_bytes: int | None = None,
     busy_s: float | None = None,
     phase: str | None = None,
+    phase_progress: float | None = None,
     stream: IO[str] | None = None,
     run_id: str | None = None,
     rank: int | None = None,
@@ -56,11 +64,65 @@ def beat(
         "memory_bytes": memory_bytes,
         "busy_s": busy_s,
         "phase": phase,
+        "phase_progress": phase_progress,
     }
     fields.update({k: v for k, v in extra.items() if v is not None})
     stream = stream or sys.stderr
     stream.write(f"{MARK}:{run_id}:beat:{rank}:{json.dumps(fields)}\n")
     stream.flush()
+
+
+SAVE_BEAT_EVERY_S = 10.0
+
+
+@contextlib.contextmanager
+def beating(
+    step: int,
+    *,
+    phase: str,
+    measure: Callable[[], float],
+    every: float = SAVE_BEAT_EVERY_S,
+    **beat_fields: Any,
+) -> Iterator[None]:
+    """Beat `phase` now, then every `every` seconds with `phase_progress=measure()` until the
+    block ends (a daemon thread; `measure` errors count as no progress).
+
+    >>> import io
+    >>> out, sizes = io.StringIO(), iter([10, 20, 20, 20])
+    >>> with beating(5, phase="saving", measure=lambda: next(sizes), every=0.01, stream=out,
+    ...              run_id="r1", rank=0):
+    ...     import time; time.sleep(0.05)
+    >>> '"phase_progress": 20' in out.getvalue()
+    True
+    """
+    stop = threading.Event()
+
+    def progress() -> float | None:
+        try:
+            return measure()
+        except (OSError, StopIteration):
+            return None
+
+    def loop() -> None:
+        while not stop.wait(every):
+            beat(step, phase=phase, phase_progress=progress(), **beat_fields)
+
+    beat(step, phase=phase, phase_progress=progress(), **beat_fields)
+    thread = threading.Thread(target=loop, name=f"trainfleet-beat-{phase}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def tree_bytes(path: Path) -> int:
+    """The bytes of every file under `path` (0 while it does not exist): a save's progress."""
+    path = Path(path)
+    if not path.exists():
+        return 0
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
 def parse(payload: str) -> dict[str, Any] | None:

@@ -168,6 +168,10 @@ def test_export_reloads_with_transformers_and_generates(make_sandbox, tmp_path, 
     assert generated.shape[1] == ids.shape[1] + 4
     assert (tmp_path / "out" / "loss.png").stat().st_size > 0
     assert list((tmp_path / "out" / "tensorboard").rglob("events.out.tfevents.*"))
+    # The export's beats (heartbeat.beating, with the bytes written so far) reached status.json.
+    (status,) = (tmp_path / "out" / "runs").glob("*/status.json")
+    ranks = json.loads(status.read_text())["ranks"]
+    assert all(r["phase"] == "exporting" and "phase_progress" in r for r in ranks), ranks
 
 
 def test_lora_export_is_the_base_with_the_adapters_merged(make_sandbox, tmp_path, assets):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 
 from trainfleet import heartbeat
 from trainfleet.launch.progress import Progress
@@ -38,6 +39,41 @@ def test_a_new_phase_counts_as_progress_so_a_long_save_is_not_a_hang():
     assert p.stuck_for(now=60.0) == 10.0
     p.beat(0, {"step": 5, "phase": "saving"}, now=70.0)  # the same phase again: not progress
     assert p.stuck_for(now=80.0) == 30.0
+
+
+def test_a_save_still_writing_is_progress_and_a_save_that_writes_nothing_is_not():
+    """A checkpoint save longer than the hang timeout: its beats carry the bytes written so
+    far. Growth is progress; the same size again is not (a stuck NFS); the next save's bytes
+    count from zero again, not from the last save's size."""
+    p = _progress()
+    p.beat(0, {"step": 8, "phase": "training"}, now=0.0)
+    p.beat(0, {"step": 8, "phase": "saving", "phase_progress": 0}, now=10.0)
+    p.beat(0, {"step": 8, "phase": "saving", "phase_progress": 5_000}, now=20.0)
+    p.beat(0, {"step": 8, "phase": "saving", "phase_progress": 9_000}, now=30.0)
+    assert p.stuck_for(now=35.0) == 5.0
+    p.beat(0, {"step": 8, "phase": "saving", "phase_progress": 9_000}, now=40.0)
+    p.beat(0, {"step": 8, "phase": "saving", "phase_progress": 9_000}, now=50.0)
+    assert p.stuck_for(now=55.0) == 25.0
+    p.beat(0, {"step": 9, "phase": "training"}, now=60.0)
+    p.beat(0, {"step": 16, "phase": "saving", "phase_progress": 0}, now=70.0)
+    p.beat(0, {"step": 16, "phase": "saving", "phase_progress": 100}, now=80.0)
+    assert p.stuck_for(now=80.0) == 0.0
+
+
+def test_beating_sends_the_phase_then_its_progress_until_the_block_ends(tmp_path):
+    out = io.StringIO()
+    checkpoint = tmp_path / "checkpoint-8"
+    with heartbeat.beating(8, phase="saving", measure=lambda: heartbeat.tree_bytes(checkpoint),
+                           every=0.05, stream=out, run_id="r1", rank=0):  # fmt: skip
+        checkpoint.mkdir()
+        (checkpoint / "shard").write_bytes(b"x" * 1000)
+        time.sleep(0.3)
+    beats = [json.loads(line.split(":", 4)[4]) for line in out.getvalue().splitlines()]
+    assert beats[0]["phase"] == "saving" and beats[0]["phase_progress"] == 0
+    assert beats[-1]["phase_progress"] == 1000 and all(b["step"] == 8 for b in beats)
+    sent = len(beats)
+    time.sleep(0.2)
+    assert len(out.getvalue().splitlines()) == sent  # the thread stopped with the block
 
 
 def test_behind_names_the_lowest_step_and_ranks_that_never_beat():

@@ -13,11 +13,11 @@ written to RUN_DIR/status.json, which `trainfleet status` reads while the job ru
 status.json (version 1): `run_id`, `state` (the supervisor's RunState value, or `hung`),
 `started_at`, `updated_at` (Unix seconds), `world_size`, `hang_timeout_s` (null: off), `nodes`
 (node -> its ranks), `ranks` (per rank: `rank`, `node`, `step`, `total_steps`, `loss`,
-`tokens_per_s`, `memory_bytes`, `busy_s`, `pid`, `phase`, `last_beat_at`; `step_times_s` and
-`busy_times_s`: the last STEP_HISTORY seconds between a rank's successive steps, and its busy
-seconds per step), `hang` (null, or what the watchdog found: `stuck_s`, `detected_at`, `step`,
-`behind` (each `node`, `rank`, `where`), `stacks`), and `restarts` (each `at`, `attempt`,
-`after_run`, `cause`). A rank that has not beaten yet has `step` null.
+`tokens_per_s`, `memory_bytes`, `busy_s`, `pid`, `phase`, `phase_progress`, `last_beat_at`;
+`step_times_s` and `busy_times_s`: the last STEP_HISTORY seconds between a rank's successive
+steps, and its busy seconds per step), `hang` (null, or what the watchdog found: `stuck_s`,
+`detected_at`, `step`, `behind` (each `node`, `rank`, `where`), `stacks`), and `restarts`
+(each `at`, `attempt`, `after_run`, `cause`). A rank that has not beaten yet has `step` null.
 The file is replaced atomically, so a reader never sees half of it.
 """
 
@@ -31,7 +31,8 @@ from typing import Any
 
 STEP_HISTORY = 20
 VERSION = 1
-_FIELDS = ("total_steps", "loss", "tokens_per_s", "memory_bytes", "busy_s", "pid", "phase")
+_FIELDS = ("total_steps", "loss", "tokens_per_s", "memory_bytes", "busy_s", "pid", "phase",
+           "phase_progress")  # fmt: skip
 
 
 class Progress:
@@ -59,6 +60,9 @@ class Progress:
         step = fields["step"]
         if "phase" in fields and fields["phase"] != row.get("phase"):
             self.last_advance = now  # a new phase (saving, exporting) is progress too
+            row.pop("phase_progress", None)  # it counts within one phase
+        elif (fields.get("phase_progress") or 0) > (row.get("phase_progress") or 0):
+            self.last_advance = now  # so is a long phase's advance (a save still writing)
         if row["step"] is None or step > row["step"]:
             if row["step"] is not None and row["last_beat_at"] is not None:
                 per_step = (now - row["last_beat_at"]) / (step - row["step"])

@@ -52,6 +52,7 @@ _RANK_FIELDS: dict[str, tuple[type, ...]] = {
     "tokens_per_s": (int, float, type(None)),
     "memory_bytes": (int, float, type(None)),
     "phase": (str, type(None)),
+    "phase_progress": (int, float, type(None)),
     "pid": (int, type(None)),
 }
 _OPTIONAL: dict[str, tuple[type, ...]] = {

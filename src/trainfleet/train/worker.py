@@ -16,6 +16,7 @@ exception", exit -6).
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import os
 import sys
@@ -64,14 +65,18 @@ def _trainer_class():
                     ok = 0
             if not _all_agree(ok):
                 raise SystemExit(3)
-            heartbeat.beat(self.state.global_step, phase="saving")
-            super()._save_checkpoint(model, trial)
-            dist.barrier()
+            step = self.state.global_step
+            name = f"checkpoint-{step}"  # the directory HF's save writes
+            # Beats while the save runs, with its bytes so far: the hang watchdog takes a long
+            # save that is still writing for progress, and one that writes nothing for a hang.
+            size = functools.partial(heartbeat.tree_bytes, output / name)
+            with heartbeat.beating(step, phase="saving", measure=size):
+                super()._save_checkpoint(model, trial)
+                dist.barrier()
             if self.args.should_save:
-                name = f"checkpoint-{self.state.global_step}"
                 checkpoints.mark_complete(output, name, keep=self.keep)
             dist.barrier()
-            heartbeat.beat(self.state.global_step, phase="training")
+            heartbeat.beat(step, phase="training")
 
         def _first_estimate(self) -> int:
             # 16-bit weights + fp32 master + Adam (and the consolidated weights): 2+4+8+2 B
@@ -274,19 +279,22 @@ def main(encoded: str) -> int:
         trainer._save_checkpoint(trainer.model, None)  # the final step, complete like the rest
 
     if config.export:
-        heartbeat.beat(trainer.state.global_step, phase="exporting")
-        final = output / "final"
-        if config.lora and config.lora.merge_on_export:
-            adapter = output / "adapter"
-            trainer.save_model(str(adapter))  # under ZeRO-3 too: gathered, adapters only
-            dist.barrier()
+        final, adapter = output / "final", output / "adapter"
+
+        def written() -> int:
+            return heartbeat.tree_bytes(final) + heartbeat.tree_bytes(adapter)
+
+        with heartbeat.beating(trainer.state.global_step, phase="exporting", measure=written):
+            if config.lora and config.lora.merge_on_export:
+                trainer.save_model(str(adapter))  # under ZeRO-3 too: gathered, adapters only
+                dist.barrier()
+                if rank == 0:
+                    merge_lora(config.model, adapter, final, dtype)
+            else:
+                trainer.save_model(str(final))
             if rank == 0:
-                merge_lora(config.model, adapter, final, dtype)
-        else:
-            trainer.save_model(str(final))
-        if rank == 0:
-            tokenizer.save_pretrained(str(final))
-            print(f"exported {final}", flush=True)
+                tokenizer.save_pretrained(str(final))
+                print(f"exported {final}", flush=True)
     if rank == 0 and (output / "metrics.jsonl").exists():
         metrics.plot_loss(output / "metrics.jsonl", output / "loss.png")
     dist.barrier()
