@@ -295,6 +295,8 @@ def test_max_restarts_starts_the_command_again_after_a_crash(make_sandbox, tmp_p
     assert json.loads((run_dir / "status.json").read_text())["state"] == "failed"
     second = json.loads((tmp_path / "run.restart-1" / "status.json").read_text())
     assert second["state"] == "done" and len(second["restarts"]) == 1
+    code, view = _status_json(run_dir)  # the run dir the user gave: its latest attempt
+    assert code == 0 and view["state"] == "done" and view["restarts"] == 1, view
 
 
 def test_max_restarts_gives_up_with_every_cause(make_sandbox, tmp_path):

@@ -193,6 +193,19 @@ def test_run_dir_of_a_launch_given_or_found_from_where_it_ran(tmp_path, monkeypa
     assert json.loads(capsys.readouterr().out)["run_id"] == "20250301-101640-ab12"
 
 
+def test_a_restarted_launch_run_dir_gives_its_latest_attempt(tmp_path):
+    """`launch --run-dir job --max-restarts 10` runs attempts in job.restart-1 ... -10: the
+    latest by number (10 sorts before 2 as text); the first attempt's file, passed itself."""
+    first = write_run(tmp_path / "job", recorded("hung"))
+    for n in (1, 2, 10):
+        write_run(tmp_path / f"job.restart-{n}", dict(recorded("running_straggler")))
+    (tmp_path / "job.restart-11").mkdir()  # started, no status.json yet
+    latest = tmp_path / "job.restart-10" / "status.json"
+    assert find_status_file(Path("job"), cwd=tmp_path) == latest
+    assert find_status_file(Path("job/status.json"), cwd=tmp_path) == first
+    assert find_status_file(Path("job.restart-2"), cwd=tmp_path).parent.name == "job.restart-2"
+
+
 def test_a_train_output_gives_its_newest_run(tmp_path, monkeypatch, capsys):
     output = tmp_path / "out"
     for run_id, started in [("a", 100.0), ("b", 300.0), ("c", 200.0)]:

@@ -13,7 +13,9 @@ Run directories: `trainfleet launch` writes RUN_DIR/status.json, RUN_DIR being -
 trainfleet-runs/RUN_ID under the directory it was started from; `trainfleet train` uses
 OUTPUT/runs/RUN_ID. `find_status_file` takes any of: the run dir, its status.json, a
 `trainfleet train` OUTPUT dir, a trainfleet-runs dir, or the directory a launch was started
-from; a directory with several runs gives its newest (the latest `started_at`).
+from; a directory with several runs gives its newest (the latest `started_at`). A launch's
+run dir that was restarted (`--max-restarts`: RUN_DIR.restart-1, -2... beside it) gives its
+latest attempt; its own status.json, passed as a file, gives the first.
 """
 
 from __future__ import annotations
@@ -74,6 +76,16 @@ def _started_at(path: Path) -> float:
     return path.stat().st_mtime
 
 
+def _latest_attempt(run_dir: Path) -> Path:
+    """`launch --max-restarts` runs attempt N in RUN_DIR.restart-N beside the first."""
+    attempts = {run_dir: 0}
+    for later in run_dir.parent.glob(f"{run_dir.name}.restart-*/{STATUS_FILE}"):
+        number = later.parent.name.rpartition("-")[2]
+        if number.isdigit():
+            attempts[later.parent] = int(number)
+    return max(attempts, key=attempts.__getitem__)
+
+
 def find_status_file(run_dir: Path | None, *, cwd: Path) -> Path:
     """The status.json for `trainfleet status [RUN_DIR]` run from `cwd`."""
     given = run_dir is not None
@@ -83,7 +95,7 @@ def find_status_file(run_dir: Path | None, *, cwd: Path) -> Path:
     if given and not directory.exists():
         raise TrainfleetError(f"{run_dir}: no such directory", _HOW)
     if (directory / STATUS_FILE).is_file():
-        return directory / STATUS_FILE
+        return _latest_attempt(directory) / STATUS_FILE
     candidates = [p for sub in RUN_PARENTS for p in (directory / sub).glob(f"*/{STATUS_FILE}")]
     if given or directory.name in RUN_PARENTS:  # (not any */status.json under a project)
         candidates += directory.glob(f"*/{STATUS_FILE}")
