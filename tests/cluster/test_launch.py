@@ -237,6 +237,8 @@ def test_a_node_cut_off_by_a_link_down_stops_its_own_ranks(make_sandbox, tmp_pat
     try:
         code, out = _finish(proc, timeout=60)
         assert code != 0 and "gpu-node-2 failed (its connection dropped)" in out, out
+        assert "but gpu-node-2 could not confirm it (connection lost)" in out, out
+        assert "every rank on every node stopped" not in out
         while left_on_node_2() and time.monotonic() - cut < LIFELINE_S + 10:
             time.sleep(0.5)
         assert left_on_node_2() == [], time.monotonic() - cut

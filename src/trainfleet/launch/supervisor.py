@@ -329,11 +329,22 @@ class _Run:
         for name, proc in self.procs.items():
             if self.codes.get(name) is None:
                 self.codes[name] = proc.returncode
-        if running and self.state is not RunState.DONE:
+        took = time.monotonic() - stop_started
+        # A node whose connection was lost or cut here never confirmed that its job ended.
+        lost = [
+            n for n, code in self.codes.items()
+            if self.channels[n].payload and code is not None and (code == SSH_DROPPED or code < 0)
+        ]  # fmt: skip
+        if lost and self.state is not RunState.DONE:
             self.output.note(
-                f"every rank on every node stopped, {time.monotonic() - stop_started:.1f} s "
-                "after the stop began"
+                f"stopped ({took:.1f} s after the stop began), but {', '.join(lost)} could not"
+                " confirm it (connection lost): a node's bootstrap stops its ranks itself once"
+                f" it has heard nothing from here for {LIFELINE_S:.0f} s; to check once it"
+                " answers: trainfleet exec [cluster options] -- ps -eo pid,args"
+                " (orphan-processes)"
             )
+        elif running and self.state is not RunState.DONE:
+            self.output.note(f"every rank on every node stopped, {took:.1f} s after the stop began")
         if self.pumps:
             await asyncio.wait(self.pumps, timeout=2)
 
