@@ -156,6 +156,39 @@ def test_a_file_no_longer_rewritten_says_its_launcher_is_gone():
     assert not view_of("running_straggler").stale
 
 
+def test_a_launcher_that_ended_on_this_host_is_seen_at_once(tmp_path):
+    """status.json names its launcher (host, pid): on that host, a pid that no longer runs
+    trainfleet makes the view stale at once, not 30 s later; a live launcher, another host or
+    a file without the field leave it to the file's age."""
+    import socket
+    import subprocess
+    import sys
+
+    from trainfleet.status import launcher_gone
+
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                           capture_output=True, text=True, check=True)  # fmt: skip
+    dead = {"host": socket.gethostname(), "pid": int(ended.stdout)}
+    doc = dict(recorded("running_straggler"), launcher=dead)
+    path = write_run(tmp_path / "run", doc, updated_at=time.time())
+    view = read_view(path)
+    assert view.stale and view.launcher_gone and view.updated_ago_s < 5
+    assert view.notes[0] == (
+        f"the launcher (pid {dead['pid']} on {dead['host']}) is no longer running: this is its"
+        " last word, not the job's state now"
+    )
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "trainfleet"])
+    try:
+        assert launcher_gone({"host": socket.gethostname(), "pid": alive.pid}) is False
+    finally:
+        alive.kill()
+        alive.wait()
+    assert launcher_gone({"host": "elsewhere", "pid": dead["pid"]}) is None
+    assert launcher_gone(None) is None
+    ended_run = write_run(tmp_path / "done", dict(recorded("done"), launcher=dead))
+    assert not read_view(ended_run).stale  # an ended run's launcher is meant to be gone
+
+
 def test_nodes_fold_their_ranks():
     one, two = view_of("running_straggler").nodes
     assert (one.node, one.min_step, one.max_step, one.slowest_rank) == ("gpu-node-1", 599, 600, 1)

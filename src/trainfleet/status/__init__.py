@@ -20,9 +20,11 @@ file's schema.
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from trainfleet.status.human import render
 from trainfleet.status.rules import MARGIN, build_view
@@ -35,7 +37,29 @@ __all__ = ["MARGIN", "StatusView", "find_status_file", "read_view", "render", "w
 def read_view(path: Path, *, now: float | None = None, margin: float = MARGIN) -> StatusView:
     """The view of the status.json at `path`, at `now` (default: the clock)."""
     now = time.time() if now is None else now
-    return build_view(load_status(path), now=now, margin=margin, status_file=str(path))
+    status = load_status(path)
+    return build_view(
+        status,
+        now=now,
+        margin=margin,
+        status_file=str(path),
+        launcher_gone=launcher_gone(status.get("launcher")),
+    )
+
+
+def launcher_gone(launcher: dict[str, Any] | None) -> bool | None:
+    """Whether the launcher that writes the file has ended: known only on its own host (its pid
+    no longer runs trainfleet); None elsewhere, or for a file without `launcher`."""
+    if not launcher or launcher.get("host") != socket.gethostname():
+        return None
+    pid = launcher.get("pid")
+    if not isinstance(pid, int):
+        return None
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return True
+    return b"trainfleet" not in cmdline  # a pid reused by another program
 
 
 def watch(

@@ -130,9 +130,15 @@ def _node_row(node: str, rows: list[RankRow]) -> NodeRow:
 
 
 def build_view(
-    status: dict[str, Any], *, now: float, margin: float = MARGIN, status_file: str = ""
+    status: dict[str, Any],
+    *,
+    now: float,
+    margin: float = MARGIN,
+    status_file: str = "",
+    launcher_gone: bool | None = None,
 ) -> StatusView:
-    """The view of a checked status.json (`rundir.check_status`) at Unix time `now`."""
+    """The view of a checked status.json (`rundir.check_status`) at Unix time `now`;
+    `launcher_gone`: whether the launcher process has ended, when that can be known."""
     state = status["state"]
     live = state in LIVE_STATES
     # Once the run ended, "since the last heartbeat" counts to its last word, not to now.
@@ -155,12 +161,14 @@ def build_view(
         status_file=status_file,
         now=round(now, 3),
         updated_ago_s=round(updated_ago, 1),
-        stale=live and updated_ago > STALE_AFTER_S,
+        stale=live and (updated_ago > STALE_AFTER_S or bool(launcher_gone)),
+        launcher_gone=bool(live and launcher_gone),
         elapsed_s=round(max(clock - status["started_at"], 0.0), 1),
         world_size=status["world_size"],
         restarts=len(restarts),
         last_restart=restarts[-1] if restarts else None,
         hang=status.get("hang"),
+        launcher=status.get("launcher"),
         hang_timeout_s=status.get("hang_timeout_s"),
         step=min(steps, default=None),
         total_steps=max(totals, default=None),
@@ -181,7 +189,13 @@ def build_view(
 def _notes(view: StatusView) -> list[str]:
     """The view's findings in words, in the order a reader needs them."""
     notes = []
-    if view.stale:
+    if view.launcher_gone:
+        launcher = view.launcher or {}
+        notes.append(
+            f"the launcher (pid {launcher.get('pid')} on {launcher.get('host')}) is no longer"
+            " running: this is its last word, not the job's state now"
+        )
+    elif view.stale:
         notes.append(
             f"status.json was last rewritten {duration(view.updated_ago_s)} ago (every second "
             "while the launcher runs): the launcher is gone (killed, or its machine is down), "

@@ -62,6 +62,7 @@ _OPTIONAL: dict[str, tuple[type, ...]] = {
     "hang_timeout_s": (int, float, type(None)),
     "hang": (dict, type(None)),
     "restarts": (list, type(None)),
+    "launcher": (dict, type(None)),
 }
 
 

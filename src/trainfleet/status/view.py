@@ -82,7 +82,12 @@ class StatusView:
     now: float
     updated_ago_s: float
     stale: bool
-    """Live, but the file was not rewritten for STALE_AFTER_S: its launcher is gone."""
+    """Live, but the file was not rewritten for STALE_AFTER_S, or its launcher has ended:
+    what it says is the launcher's last word."""
+    launcher_gone: bool = False
+    """Live, and its launcher's pid (on this host) no longer runs trainfleet."""
+    launcher: dict[str, Any] | None = None
+    """`host` and `pid` of the process that writes the file."""
     elapsed_s: float
     world_size: int
     restarts: int
