@@ -4,6 +4,8 @@ the data cache's lock holders).
     >>> import os
     >>> pid_alive(os.getpid()), pid_alive(None)
     (True, False)
+    >>> pid_start(os.getpid()) == pid_start(os.getpid()) is not None
+    True
 """
 
 from __future__ import annotations
@@ -26,3 +28,15 @@ def pid_alive(pid: int | None) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def pid_start(pid: int) -> int | None:
+    """When a process started (clock ticks since boot, /proc/PID/stat field 22): with its pid,
+    it names one process, even after the pid is reused. None when there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
+    return int(stat[stat.rindex(")") + 2 :].split()[19])

@@ -342,6 +342,7 @@ def test_status_from_another_terminal_names_the_slow_rank_while_the_job_runs(
         assert proc.poll() is None and time.monotonic() < deadline, (code, view, proc.poll())
         time.sleep(0.5)
     assert code == 0 and view["state"] == "running", view
+    assert not view["stale"] and view["launcher"]["pid"] == proc.pid  # alive, here
     assert view["step"] < 400
     assert view["stragglers"] == [1], view
     ranks = {r["rank"]: r for r in view["ranks"]}

@@ -27,6 +27,7 @@ MODULES = [
     "trainfleet.heartbeat",
     "trainfleet.launch.output",
     "trainfleet.launch.restarts",
+    "trainfleet.procs",
     "trainfleet.status",
     "trainfleet.status.human",
     "trainfleet.status.rules",

@@ -157,35 +157,36 @@ def test_a_file_no_longer_rewritten_says_its_launcher_is_gone():
 
 
 def test_a_launcher_that_ended_on_this_host_is_seen_at_once(tmp_path):
-    """status.json names its launcher (host, pid): on that host, a pid that no longer runs
-    trainfleet makes the view stale at once, not 30 s later; a live launcher, another host or
-    a file without the field leave it to the file's age."""
+    """status.json names its launcher (host, pid, the pid's start time): on that host, no
+    process with both makes the view stale at once, not 30 s later; a live launcher, another
+    host or a file without the field leave it to the file's age."""
     import socket
     import subprocess
     import sys
 
+    from trainfleet.procs import pid_start
     from trainfleet.status import launcher_gone
 
-    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                           capture_output=True, text=True, check=True)  # fmt: skip
-    dead = {"host": socket.gethostname(), "pid": int(ended.stdout)}
-    doc = dict(recorded("running_straggler"), launcher=dead)
+    host = socket.gethostname()
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        launcher = {"host": host, "pid": alive.pid, "pid_start": pid_start(alive.pid)}
+        assert launcher_gone(launcher) is False
+        assert launcher_gone(dict(launcher, pid_start=launcher["pid_start"] - 1)) is True  # reused
+        assert launcher_gone(dict(launcher, host="elsewhere")) is None
+        assert launcher_gone(None) is None
+    finally:
+        alive.kill()
+        alive.wait()
+    doc = dict(recorded("running_straggler"), launcher=launcher)
     path = write_run(tmp_path / "run", doc, updated_at=time.time())
     view = read_view(path)
     assert view.stale and view.launcher_gone and view.updated_ago_s < 5
     assert view.notes[0] == (
-        f"the launcher (pid {dead['pid']} on {dead['host']}) is no longer running: this is its"
-        " last word, not the job's state now"
+        f"the launcher (pid {alive.pid} on {host}) is no longer running: this is its last word,"
+        " not the job's state now"
     )
-    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "trainfleet"])
-    try:
-        assert launcher_gone({"host": socket.gethostname(), "pid": alive.pid}) is False
-    finally:
-        alive.kill()
-        alive.wait()
-    assert launcher_gone({"host": "elsewhere", "pid": dead["pid"]}) is None
-    assert launcher_gone(None) is None
-    ended_run = write_run(tmp_path / "done", dict(recorded("done"), launcher=dead))
+    ended_run = write_run(tmp_path / "done", dict(recorded("done"), launcher=launcher))
     assert not read_view(ended_run).stale  # an ended run's launcher is meant to be gone
 
 

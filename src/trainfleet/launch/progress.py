@@ -17,8 +17,9 @@ status.json (version 1): `run_id`, `state` (the supervisor's RunState value, or 
 `step_times_s` and `busy_times_s`: the last STEP_HISTORY seconds between a rank's successive
 steps, and its busy seconds per step), `hang` (null, or what the watchdog found: `stuck_s`,
 `detected_at`, `step`, `behind` (each `node`, `rank`, `where`), `stacks`), and `restarts`
-(each `at`, `attempt`, `after_run`, `cause`), and `launcher` (`host`, `pid`: the process that
-writes the file, so that `trainfleet status` on that host can tell a dead launcher at once).
+(each `at`, `attempt`, `after_run`, `cause`), and `launcher` (`host`, `pid`, `pid_start`: the
+process that writes the file, so that `trainfleet status` on that host can tell a launcher
+that ended at once).
 A rank that has not beaten yet has `step` null.
 The file is replaced atomically, so a reader never sees half of it.
 """
@@ -31,6 +32,8 @@ import socket
 from collections import deque
 from pathlib import Path
 from typing import Any
+
+from trainfleet.procs import pid_start
 
 STEP_HISTORY = 20
 VERSION = 1
@@ -55,7 +58,8 @@ class Progress:
         self.hang: dict[str, Any] | None = None
         self.restarts: list[dict[str, Any]] = []
         self.hang_timeout_s: float | None = None
-        self.launcher = {"host": socket.gethostname(), "pid": os.getpid()}
+        pid = os.getpid()
+        self.launcher = {"host": socket.gethostname(), "pid": pid, "pid_start": pid_start(pid)}
 
     def beat(self, rank: int, fields: dict[str, Any], *, now: float) -> None:
         row = self.rows.get(rank)

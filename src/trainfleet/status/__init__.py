@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from trainfleet.procs import pid_start
 from trainfleet.status.human import render
 from trainfleet.status.rules import MARGIN, build_view
 from trainfleet.status.rundir import find_status_file, load_status
@@ -48,18 +49,14 @@ def read_view(path: Path, *, now: float | None = None, margin: float = MARGIN) -
 
 
 def launcher_gone(launcher: dict[str, Any] | None) -> bool | None:
-    """Whether the launcher that writes the file has ended: known only on its own host (its pid
-    no longer runs trainfleet); None elsewhere, or for a file without `launcher`."""
+    """Whether the launcher that writes the file has ended: known only on its own host (no
+    process has its pid and start time now); None elsewhere, or without `launcher`."""
     if not launcher or launcher.get("host") != socket.gethostname():
         return None
-    pid = launcher.get("pid")
-    if not isinstance(pid, int):
+    pid, started = launcher.get("pid"), launcher.get("pid_start")
+    if not isinstance(pid, int) or not isinstance(started, int):
         return None
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return True
-    return b"trainfleet" not in cmdline  # a pid reused by another program
+    return pid_start(pid) != started  # None: no such process; another start: a reused pid
 
 
 def watch(
