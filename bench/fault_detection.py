@@ -42,8 +42,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from trainfleet import sandbox
+from trainfleet.launch.bootstrap import descendants
+from trainfleet.procs import cmdline
 from trainfleet.sandbox.netns import netns_pids
 from trainfleet.train import demo_assets
+from trainfleet.train.checkpoints import tree_bytes
 from trainfleet.train.config import TrainConfig
 from trainfleet.train.data import prepare_cache
 
@@ -96,33 +99,9 @@ def job_processes(box) -> list[int]:
     pids = []
     for node in box.nodes:
         for pid in netns_pids(node.netns):
-            if any(mark in _cmdline(pid) for mark in JOB_PROCESS):
+            if any(mark in cmdline(pid) for mark in JOB_PROCESS):
                 pids.append(pid)
     return pids
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except (OSError, UnicodeDecodeError):
-        return ""
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        tasks = Path(f"/proc/{pid}/task").iterdir()
-        return [int(c) for t in tasks for c in (t / "children").read_text().split()]
-    except OSError:
-        return []
-
-
-def _descendants(pid: int) -> list[int]:
-    found, todo = [], [pid]
-    while todo:
-        kids = _children(todo.pop())
-        found += kids
-        todo += kids
-    return found
 
 
 # The faults: each takes (sandbox, job) and returns a function that undoes it, or None.
@@ -131,14 +110,14 @@ def _descendants(pid: int) -> list[int]:
 def kill_node(box, job):
     """Every process in gpu-node-2's namespace but its sshd daemon: SIGKILL (OOM, crash)."""
     for pid in netns_pids(box.node(2).netns):
-        if not _cmdline(pid).startswith("sshd: /usr/sbin/sshd"):
+        if not cmdline(pid).startswith("sshd: /usr/sbin/sshd"):
             os.kill(pid, signal.SIGKILL)
 
 
 def stop_rank(box, job):
     """gpu-node-2's rank SIGSTOPped: a hang (gloo waits 30 minutes, NCCL 10)."""
-    workers = [p for p in netns_pids(box.node(2).netns) if "trainfleet.train.worker" in _cmdline(p)]
-    leaf = [p for p in workers if not set(_descendants(p)) & set(workers)]
+    workers = [p for p in netns_pids(box.node(2).netns) if "trainfleet.train.worker" in cmdline(p)]
+    leaf = [p for p in workers if not set(descendants(p)) & set(workers)]
     os.kill(leaf[0], signal.SIGSTOP)
     return lambda: os.kill(leaf[0], signal.SIGCONT)
 
@@ -146,7 +125,7 @@ def stop_rank(box, job):
 def kill_ssh(box, job):
     """The launch node's ssh connection to gpu-node-2 killed."""
     host = box.node(2).hostname
-    ssh = [p for p in _descendants(job.proc.pid) if re.match(rf"ssh .*\b{host}\b", _cmdline(p))]
+    ssh = [p for p in descendants(job.proc.pid) if re.match(rf"ssh .*\b{host}\b", cmdline(p))]
     for pid in ssh:
         os.kill(pid, signal.SIGKILL)
 
@@ -161,7 +140,7 @@ def link_down(box, job):
 
 def fill_output(box, job, output: Path):
     """OUTPUT (a tmpfs) shrunk to leave half a checkpoint free before checkpoint-16."""
-    checkpoint = sum(f.stat().st_size for f in (output / "checkpoint-8").rglob("*"))
+    checkpoint = tree_bytes(output / "checkpoint-8")
     fs = os.statvfs(output)
     used = (fs.f_blocks - fs.f_bfree) * fs.f_frsize
     size = f"size={used + checkpoint // 2}"

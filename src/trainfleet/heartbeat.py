@@ -19,9 +19,10 @@ this rank spent computing rather than waiting for the others (in synchronous tra
 rank's step takes as long as the slowest rank's, so only this tells a straggler apart);
 `phase` (e.g. `saving`, `exporting`): a change of phase counts as progress for the hang
 watchdog; `phase_progress`: any number that grows while a long phase advances (the bytes of a
-checkpoint written so far): each increase counts as progress too. `beating(...)` sends such
-beats from a thread while a phase runs, so that a checkpoint save that takes longer than the
-hang timeout is not a hang while it is still writing, and is one once it writes nothing.
+checkpoint written so far, `train.checkpoints.tree_bytes`): each increase counts as progress
+too. `beating(...)` sends such beats from a thread while a phase runs, so that a checkpoint
+save that takes longer than the hang timeout is not a hang while it is still writing, and is
+one once it writes nothing.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ import os
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import IO, Any
 
 MARK = "@@trainfleet"  # the shim's; the launcher reads both
@@ -115,14 +115,6 @@ def beating(
     finally:
         stop.set()
         thread.join()
-
-
-def tree_bytes(path: Path) -> int:
-    """The bytes of every file under `path` (0 while it does not exist): a save's progress."""
-    path = Path(path)
-    if not path.exists():
-        return 0
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
 def parse(payload: str) -> dict[str, Any] | None:

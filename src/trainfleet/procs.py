@@ -1,5 +1,5 @@
 """Facts about local processes, for whoever on this machine needs them (the sandbox's sshds,
-the data cache's lock holders).
+the data cache's lock holders, status's launcher, the tests' leftover-process checks).
 
     >>> import os
     >>> pid_alive(os.getpid()), pid_alive(None)
@@ -40,3 +40,21 @@ def pid_start(pid: int) -> int | None:
         return None
     # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
     return int(stat[stat.rindex(")") + 2 :].split()[19])
+
+
+def cmdline(pid: int) -> str:
+    """A process's command line, its words joined by spaces ("" once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def cmdlines() -> dict[int, str]:
+    """Every process on this machine: pid -> command line (kernel threads have none)."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (words := cmdline(int(entry))):
+            found[int(entry)] = words
+    return found

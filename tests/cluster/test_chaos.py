@@ -9,7 +9,6 @@ complete, so the restart resumes from step 8 (or 16)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -21,16 +20,13 @@ import time
 from pathlib import Path
 
 import pytest
+import train_jobs
 from train_jobs import train_job_processes
 
-pytestmark = [
-    pytest.mark.cluster,
-    pytest.mark.usefixtures("no_train_job_left_behind"),
-    pytest.mark.skipif(
-        any(importlib.util.find_spec(m) is None for m in ("deepspeed", "transformers", "datasets")),
-        reason="needs deepspeed, transformers and datasets (`make venv` installs them)",
-    ),
-]
+from trainfleet.procs import cmdline
+from trainfleet.train.checkpoints import tree_bytes
+
+pytestmark = train_jobs.PYTESTMARK
 
 STEPS = ["--max-steps", "24", "--save-steps", "8", "--zero", "2", "--precision", "fp32",
          "--seq-len", "64", "--micro-batch-size", "4", "--learning-rate", "1e-3",
@@ -138,8 +134,7 @@ def test_sigkill_of_every_process_on_a_node(make_sandbox, tmp_path, assets, refe
 
     injected = time.time()
     for pid in netns_pids(netns):
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-        if not cmdline.startswith("sshd: /usr/sbin/sshd"):  # the node's sshd daemon stays
+        if not cmdline(pid).startswith("sshd: /usr/sbin/sshd"):  # the node's sshd daemon stays
             os.kill(pid, signal.SIGKILL)
     detected = run.when(r"gpu-node-2 failed") - injected
     print(f"detected after {detected:.1f} s")  # the figure in the README (-v -s)
@@ -241,7 +236,7 @@ def test_the_output_filling_up_at_a_checkpoint(make_sandbox, tmp_path, assets, r
     try:
         run = Train(box.cluster_file, assets, output, "--max-restarts", "1")
         run.wait_for_checkpoint(8)
-        checkpoint = sum(f.stat().st_size for f in (output / "checkpoint-8").rglob("*"))
+        checkpoint = tree_bytes(output / "checkpoint-8")
         fs = os.statvfs(output)
         used = (fs.f_blocks - fs.f_bfree) * fs.f_frsize
         injected = time.time()

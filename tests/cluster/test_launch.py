@@ -18,6 +18,7 @@ import pytest
 
 from trainfleet.examples import ALLREDUCE as ALLREDUCE_SCRIPT
 from trainfleet.examples import HEARTBEAT_LOOP
+from trainfleet.procs import cmdlines
 
 pytestmark = pytest.mark.cluster
 
@@ -71,17 +72,8 @@ def _finish(proc, timeout=180) -> tuple[int, str]:
 def _job_processes() -> list[str]:
     """Command lines of any bootstrap, torchrun or rank of a launch still running anywhere on
     this machine (every sandbox node shares its process table)."""
-    left = []
-    for entry in os.listdir("/proc"):
-        try:
-            raw = Path(f"/proc/{entry}/cmdline").read_bytes()
-        except OSError:
-            continue
-        cmdline = raw.replace(b"\0", b" ").decode(errors="replace")
-        ours = (str(SCRIPTS), ALLREDUCE, str(HEARTBEAT_LOOP))
-        if "trainfleet-bootstrap" in cmdline or any(path in cmdline for path in ours):
-            left.append(f"{entry}: {cmdline[:200]}")
-    return left
+    marks = ("trainfleet-bootstrap", str(SCRIPTS), ALLREDUCE, str(HEARTBEAT_LOOP))
+    return [f"{pid}: {c[:200]}" for pid, c in cmdlines().items() if any(m in c for m in marks)]
 
 
 _running: list[subprocess.Popen] = []

@@ -3,7 +3,6 @@ checked against one process, resumed after a kill, exported and reloaded by tran
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -13,15 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
+import train_jobs
 
-pytestmark = [
-    pytest.mark.cluster,
-    pytest.mark.usefixtures("no_train_job_left_behind"),
-    pytest.mark.skipif(
-        any(importlib.util.find_spec(m) is None for m in ("deepspeed", "transformers", "datasets")),
-        reason="needs deepspeed, transformers and datasets (`make venv` installs them)",
-    ),
-]
+pytestmark = train_jobs.PYTESTMARK
 
 
 def _train(cluster_file, assets, output, *flags, wait=True):

@@ -1,20 +1,26 @@
-"""Finding the processes a `trainfleet train` job leaves behind (test helper)."""
+"""Finding the processes a `trainfleet train` job leaves behind, and the marks every module of
+`trainfleet train` sandbox tests carries (test helpers)."""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
+import importlib.util
+
+import pytest
+
+from trainfleet.procs import cmdlines
+
+PYTESTMARK = [
+    pytest.mark.cluster,
+    pytest.mark.usefixtures("no_train_job_left_behind"),
+    pytest.mark.skipif(
+        any(importlib.util.find_spec(m) is None for m in ("deepspeed", "transformers", "datasets")),
+        reason="needs deepspeed, transformers and datasets (`make venv` installs them)",
+    ),
+]
 
 
 def train_job_processes() -> list[str]:
     """`pid: cmdline` of every rank, torchrun agent or bootstrap of a train job still running
     anywhere on this machine (every sandbox node shares its process table)."""
-    left = []
-    for entry in os.listdir("/proc"):
-        try:
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except (OSError, UnicodeDecodeError):
-            continue
-        if "trainfleet.train.worker" in cmdline or "trainfleet-bootstrap" in cmdline:
-            left.append(f"{entry}: {cmdline[:120]}")
-    return left
+    marks = ("trainfleet.train.worker", "trainfleet-bootstrap")
+    return [f"{pid}: {c[:120]}" for pid, c in cmdlines().items() if any(m in c for m in marks)]

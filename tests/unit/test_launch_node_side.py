@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from trainfleet.launch import bootstrap, shim
+from trainfleet.procs import cmdlines
 
 pytestmark = pytest.mark.unit
 
@@ -36,15 +37,7 @@ def _start(argv, run_id="t1", **job_fields) -> subprocess.Popen:
 
 
 def _pids_with(word: str) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        try:
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except (OSError, ValueError):
-            continue
-        if word in cmdline:
-            found.append(int(entry))
-    return found
+    return [pid for pid, words in cmdlines().items() if word in words]
 
 
 def test_the_exit_code_of_the_command_is_the_bootstraps():

@@ -10,6 +10,7 @@ import time
 from trainfleet import heartbeat
 from trainfleet.launch.progress import Progress
 from trainfleet.launch.stacks import split_dump, where_it_waits
+from trainfleet.train.checkpoints import tree_bytes
 
 
 def _progress() -> Progress:
@@ -63,7 +64,7 @@ def test_a_save_still_writing_is_progress_and_a_save_that_writes_nothing_is_not(
 def test_beating_sends_the_phase_then_its_progress_until_the_block_ends(tmp_path):
     out = io.StringIO()
     checkpoint = tmp_path / "checkpoint-8"
-    with heartbeat.beating(8, phase="saving", measure=lambda: heartbeat.tree_bytes(checkpoint),
+    with heartbeat.beating(8, phase="saving", measure=lambda: tree_bytes(checkpoint),
                            every=0.05, stream=out, run_id="r1", rank=0):  # fmt: skip
         checkpoint.mkdir()
         (checkpoint / "shard").write_bytes(b"x" * 1000)

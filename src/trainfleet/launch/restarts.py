@@ -119,7 +119,6 @@ def launch_with_restarts(
         if not restarts and on_first_plan:
             on_first_plan(plan, report)
         result = launch(plan, cluster, run_dir=run_dir, out=out, restarts=restarts)
-        result.restarts = restarts
         if result.state not in RESTARTABLE or len(restarts) >= max_restarts:
             return result, plan
         cause = cause_of(result)

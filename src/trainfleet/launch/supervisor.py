@@ -129,7 +129,7 @@ class LaunchResult:
     """HUNG: `stuck_s`, `detected_at`, `step` (the lowest), `behind` (node, rank, where it
     waits), `stacks` (the dumps' directory); the same dict as status.json's `hang`."""
     restarts: list = field(default_factory=list)
-    """The restarts before this run (`launch/restarts.py`), filled by the caller."""
+    """The restarts before this run (`launch/restarts.py`), as given to `supervise`."""
 
     def to_json(self) -> dict:
         return {
@@ -414,6 +414,7 @@ async def _supervise(
             loop.remove_signal_handler(sig)
         run.output.close()
     result = run.result()
+    result.restarts = run.output.progress.restarts
     if diagnosis is not None:
         result.diagnosis = await diagnosis
         result.seconds = time.monotonic() - run.started

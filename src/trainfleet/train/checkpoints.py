@@ -65,12 +65,19 @@ def remove_partial(output: Path) -> list[Path]:
     return removed
 
 
+def tree_bytes(path: Path) -> int:
+    """The bytes of every file under `path` (0 while it does not exist): a checkpoint's size,
+    and a save's progress while it is written."""
+    path = Path(path)
+    if not path.exists():
+        return 0
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
 def checkpoint_bytes(output: Path) -> int:
     """Size of the newest complete checkpoint (0 if none): the next one will be about as big."""
     latest = latest_checkpoint(output)
-    if latest is None:
-        return 0
-    return sum(f.stat().st_size for f in latest.rglob("*") if f.is_file())
+    return 0 if latest is None else tree_bytes(latest)
 
 
 def check_free_space(output: Path, needed: int) -> None:

@@ -69,7 +69,7 @@ def _trainer_class():
             name = f"checkpoint-{step}"  # the directory HF's save writes
             # Beats while the save runs, with its bytes so far: the hang watchdog takes a long
             # save that is still writing for progress, and one that writes nothing for a hang.
-            size = functools.partial(heartbeat.tree_bytes, output / name)
+            size = functools.partial(checkpoints.tree_bytes, output / name)
             with heartbeat.beating(step, phase="saving", measure=size):
                 super()._save_checkpoint(model, trial)
                 dist.barrier()
@@ -282,7 +282,7 @@ def main(encoded: str) -> int:
         final, adapter = output / "final", output / "adapter"
 
         def written() -> int:
-            return heartbeat.tree_bytes(final) + heartbeat.tree_bytes(adapter)
+            return checkpoints.tree_bytes(final) + checkpoints.tree_bytes(adapter)
 
         with heartbeat.beating(trainer.state.global_step, phase="exporting", measure=written):
             if config.lora and config.lora.merge_on_export:
