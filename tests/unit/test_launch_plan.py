@@ -35,7 +35,7 @@ FACTS = {
 LAUNCH_ENV = {
     "PATH": "/opt/conda/envs/train/bin:/usr/bin",
     "MLFLOW_TRACKING_PASSWORD": "mlflow-pw",
-    "HOME": "/root",
+    "HOME": "/nonexistent-home",  # no ~/.deepspeed_env: the plan reads only what is given
     "TORCH_HOME": "/data/torch",
     "SSH_AUTH_SOCK": "/tmp/agent",
 }
@@ -46,12 +46,13 @@ backend ssh: 2 node(s), world size 4, master gpu-node-1 (10.0.0.11:29500)
 gpu-node-1: node_rank 0, ranks 0-1, cwd /work/project
   argv: /opt/conda/envs/train/bin/python -u -m torch.distributed.run --nnodes=2 --node-rank=0 --nproc-per-node=2 --master-addr=10.0.0.11 --master-port=29500 --tee=3 '{SHIM}' train.py --lr 1e-4
   env:
-    GLOO_SOCKET_IFNAME=ens14f0
-    HF_HOME=/data/hf
-    HF_TOKEN='***'
-    NCCL_SOCKET_IFNAME=ens14f0
-    PATH=/opt/conda/envs/train/bin:/usr/bin
-    TORCH_HOME=/data/torch
+    GLOO_SOCKET_IFNAME=ens14f0  # interface to the master
+    HF_HOME=/data/hf  # cluster.yaml
+    HF_TOKEN='***'  # cluster.yaml
+    MLFLOW_TRACKING_PASSWORD='***'  # launch shell
+    NCCL_SOCKET_IFNAME=ens14f0  # interface to the master
+    PATH=/opt/conda/envs/train/bin:/usr/bin  # launch shell
+    TORCH_HOME=/data/torch  # launch shell
     TRAINFLEET_LOCAL_RANK_ARG=auto
     TRAINFLEET_NODE=gpu-node-1
     TRAINFLEET_RESTART=0
@@ -60,19 +61,20 @@ gpu-node-1: node_rank 0, ranks 0-1, cwd /work/project
 gpu-node-2: node_rank 1, ranks 2-3, cwd /work/project
   argv: /opt/conda/envs/train/bin/python -u -m torch.distributed.run --nnodes=2 --node-rank=1 --nproc-per-node=2 --master-addr=10.0.0.11 --master-port=29500 --tee=3 '{SHIM}' train.py --lr 1e-4
   env:
-    DS_ACCELERATOR=cpu
-    GLOO_SOCKET_IFNAME=ens14f1
-    HF_HOME=/data/hf
-    HF_TOKEN='***'
-    NCCL_IB_HCA=mlx5
-    NCCL_SOCKET_IFNAME=ens14f1
-    PATH=/opt/conda/envs/train/bin:/usr/bin
-    TORCH_HOME=/data/torch
+    DS_ACCELERATOR=cpu  # no GPU on the node
+    GLOO_SOCKET_IFNAME=ens14f1  # interface to the master
+    HF_HOME=/data/hf  # cluster.yaml
+    HF_TOKEN='***'  # cluster.yaml
+    MLFLOW_TRACKING_PASSWORD='***'  # launch shell
+    NCCL_IB_HCA=mlx5  # cluster.yaml (gpu-node-2)
+    NCCL_SOCKET_IFNAME=ens14f1  # interface to the master
+    PATH=/opt/conda/envs/train/bin:/usr/bin  # launch shell
+    TORCH_HOME=/data/torch  # launch shell
     TRAINFLEET_LOCAL_RANK_ARG=auto
     TRAINFLEET_NODE=gpu-node-2
     TRAINFLEET_RESTART=0
     TRAINFLEET_RUN_ID=r1
-    WANDB_API_KEY='***'
+    WANDB_API_KEY='***'  # cluster.yaml (gpu-node-2)
 
 {SHIM}: trainfleet's rank wrapper, written to a private temp dir on each node"""
 

@@ -26,8 +26,11 @@ starts torchrun on every node over ssh (or, with --backend deepspeed, DeepSpeed'
 with its node rank, the master address and port, one rank per slot, and the node's own
 environment: NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME set to the
 interface that reaches the master there, DS_ACCELERATOR=cpu where there is no GPU,
-cluster.yaml's env, and PATH, LD_LIBRARY_PATH, CUDA_HOME, HF_*, WANDB_*, TORCH_* from here.
-Secrets (names with TOKEN, KEY, SECRET, PASSWORD...) reach the nodes over ssh stdin and are
+cluster.yaml's env, ~/.deepspeed_env and ./.deepspeed_env (or $DS_ENV_FILE) as DeepSpeed's
+runner reads them, and from this shell what DeepSpeed's runner exports (NCCL*, PYTHON*, UCX*,
+MV2*, MLFLOW*) plus PATH, LD_LIBRARY_PATH, CUDA_HOME, HF_*, WANDB_*, TORCH_*. A global
+NCCL_SOCKET_IFNAME that would not work on a node is reported (iface-mismatch) and that node
+gets its own interface; --dry-run shows where each variable came from. Secrets (names with TOKEN, KEY, SECRET, PASSWORD...) reach the nodes over ssh stdin and are
 masked in every output and file.
 
 Every line comes back as `[node:rank] ...` and is kept in RUN_DIR/logs. When a rank fails or

@@ -5,7 +5,7 @@ gets its own environment. Plan pure, like the ssh backend's.
     ...     launch_env={}, launch_cwd="/w", run_dir=Path("r"))  # doctest: +SKIP
 
 What DeepSpeed's runner does by itself: the same exports on every node (only NCCL*, PYTHON*,
-UCX*, MLFLOW* and .deepspeed_env), `cd` to the launch directory, `python -m
+UCX*, MV2*, MLFLOW* and .deepspeed_env), `cd` to the launch directory, `python -m
 deepspeed.launcher.launch` with the launch node's python path. What trainfleet adds:
 
 - a hostfile and an explicit `--include` (every node and slot of the cluster spec);
@@ -16,7 +16,13 @@ deepspeed.launcher.launch` with the launch node's python path. What trainfleet a
 - the rank shim as the script: on each node it sets that node's own environment (interface,
   DS_ACCELERATOR, cluster.yaml env, secrets) from a table written beforehand, over ssh, to a
   private directory on every node (0700/0600), and removed after the run. Secrets never appear
-  in the pdsh command line, which every node's `ps` shows.
+  in the pdsh command line, which every node's `ps` shows;
+- the user's ~/.deepspeed_env and ./.deepspeed_env (or $DS_ENV_FILE) are read here, as the
+  runner reads them, into that table: the runner's DS_ENV_FILE then names trainfleet's own
+  file, and nothing of the user's is lost;
+- `--force_multi` when a node is remote: with one node left (`-i worker-1`) the runner would
+  start the ranks on this machine instead. With one local node the runner starts the ranks
+  itself without pdsh and reads no env file: trainfleet's variables go in its environment.
 """
 
 from __future__ import annotations
@@ -29,9 +35,12 @@ from pathlib import Path
 
 from trainfleet.cluster import Cluster
 from trainfleet.errors import TrainfleetError
+from trainfleet.launch import environment
+from trainfleet.launch.environment import RUNNER_EXPORTS
 from trainfleet.launch.plan import (
     LaunchOptions,
     NodeFacts,
+    env_lines,
     head_line,
     is_secret,
     masked,
@@ -39,10 +48,6 @@ from trainfleet.launch.plan import (
     node_env,
 )
 from trainfleet.remote import ssh_options
-
-RUNNER_EXPORTS = ("NCCL", "PYTHON", "UCX", "MV2", "MLFLOW")
-"""What DeepSpeed's runner exports from its own environment to every node, on pdsh's command
-line (runner.py EXPORT_ENVS and the accelerator's export_envs)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -54,7 +59,8 @@ class DeepSpeedPlan:
     hostfile: str
     """Text of the hostfile the runner reads."""
     node_table: list[dict]
-    """Per node: host, first_rank, slots, env (secrets included: written 0600 on the nodes)."""
+    """Per node: host, first_rank, slots, env (secrets included: written 0600 on the nodes),
+    sources (where each variable of env came from)."""
     node_dir: str
     """Where the shim and the table go on every node."""
     ds_env: str
@@ -114,14 +120,33 @@ def plan_deepspeed(
             f"cluster.yaml's workdir ({cluster.workdir})",
             f"cd {cluster.workdir} first, or use the ssh backend",
         )
+    ipv6 = [n.host for n in cluster.nodes if ":" in n.host]
+    if ipv6:
+        raise TrainfleetError(
+            f"DeepSpeed's runner cannot name the IPv6 address {ipv6[0]} (its --include and "
+            "pdsh's host list both split at ':')",
+            "give the node a name in /etc/hosts or a Host alias in ~/.ssh/config and use it in "
+            "the hostfile, or use the ssh backend (the default), which takes IPv6 addresses",
+        )
     port, notes = master_port(cluster, facts, options)
     unset = sorted(k for k in launch_env if k.startswith(RUNNER_EXPORTS) and is_secret(k))
+    user = environment.user_env(launch_env, launch_cwd)
     table, first_rank, include = [], 0, []
     for node in cluster.nodes:
-        env = node_env(cluster, node.host, facts.get(node.host, NodeFacts()), launch_env)
-        env.update({k: launch_env[k] for k in unset if k not in env})
-        env.pop("CUDA_VISIBLE_DEVICES", None)  # DeepSpeed's launch sets it from --include
-        table.append({"host": node.host, "first_rank": first_rank, "slots": node.slots, "env": env})
+        env, env_notes = node_env(cluster, node.host, facts.get(node.host, NodeFacts()), user)
+        notes += env_notes
+        # DeepSpeed's launch sets CUDA_VISIBLE_DEVICES from --include.
+        for built in (env.values, env.sources):
+            built.pop("CUDA_VISIBLE_DEVICES", None)
+        table.append(
+            {
+                "host": node.host,
+                "first_rank": first_rank,
+                "slots": node.slots,
+                "env": env.values,
+                "sources": env.sources,
+            }
+        )
         include.append(f"{node.host}:{','.join(str(i) for i in node.gpu_ids)}")
         first_rank += node.slots
     node_dir = f"/tmp/trainfleet-{options.run_id}"
@@ -137,12 +162,19 @@ def plan_deepspeed(
         "TRAINFLEET_PREFIX_OUTPUT": "1",
         **({"DS_ACCELERATOR": "cpu"} if no_gpus else {}),
     }
+    # The runner reads DS_ENV_FILE's name under ~ and under the launch directory: an absolute
+    # path is this run's file in both places, and the user's files reach the nodes in the table.
     runner_env = {
         "DS_ENV_FILE": str((run_dir / "deepspeed_env").resolve()),
         "PDSH_RCMD_TYPE": "ssh",
         "PDSH_SSH_ARGS_APPEND": _pdsh_ssh_args(cluster),
         **({"DS_ACCELERATOR": "cpu"} if no_gpus else {}),
     }
+    remote = not all(node.is_local for node in cluster.nodes)
+    if not remote and len(cluster.nodes) == 1:
+        # One local node: the runner starts deepspeed.launcher.launch here, reading no env
+        # file; its environment is what the ranks inherit.
+        runner_env.update(ds_env)
     argv = [
         python,
         "-u",
@@ -155,6 +187,8 @@ def plan_deepspeed(
         f"--master_addr={master_addr}",
         f"--master_port={port}",
         "--no_ssh_check",
+        # One remote node (`-i worker-1`) would otherwise run its ranks on this machine.
+        *(["--force_multi"] if remote else []),
         f"{node_dir}/shim.py",
         *options.command,
     ]
@@ -198,7 +232,7 @@ def render_deepspeed(plan: DeepSpeedPlan) -> str:
             f"{entry['host']}: ranks {entry['first_rank']}-{last}; set by the shim "
             f"({plan.node_dir}/node_env.json, 0600):",
         ]
-        lines += [f"    {k}={shlex.quote(v)}" for k, v in sorted(masked(entry["env"]).items())]
+        lines += env_lines(masked(entry["env"]), entry.get("sources", {}))
     return "\n".join(lines)
 
 

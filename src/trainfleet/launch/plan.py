@@ -5,11 +5,9 @@ same plan, which `--dry-run` prints and the supervisor executes.
     ...     command=("train.py", "--lr", "1e-4")), launch_env=dict(os.environ))  # doctest: +SKIP
     >>> print(render_plan(plan))  # doctest: +SKIP
 
-Each node's environment, from lowest to highest precedence: variables of this machine that
-DeepSpeed's runner would drop (PATH, LD_LIBRARY_PATH, CUDA_HOME, HF_*, WANDB_*, TORCH_*);
-cluster.yaml's env (cluster-wide, then the node's); the interface for NCCL and gloo (pinned
-`interface:`, else the one that routes to the master on that node); DS_ACCELERATOR=cpu on a
-node without GPUs; CUDA_VISIBLE_DEVICES for an include like `host:0,2`.
+Each node's environment is built in `environment.py`, source by source (the launch shell as
+DeepSpeed's runner exports it, ~/.deepspeed_env and ./.deepspeed_env, cluster.yaml, the node's
+interface and GPUs, trainfleet's own), and `--dry-run` shows which source set each variable.
 """
 
 from __future__ import annotations
@@ -21,12 +19,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from trainfleet.cluster import Cluster
+from trainfleet.launch import environment
+from trainfleet.launch.environment import EnvBuilder
 
 if TYPE_CHECKING:
     from trainfleet.launch.deepspeed import DeepSpeedPlan
 
-FORWARDED = ("PATH", "LD_LIBRARY_PATH", "CUDA_HOME")
-FORWARDED_PREFIXES = ("HF_", "WANDB_", "TORCH_")
 SECRET = re.compile(
     r"TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIAL", re.IGNORECASE
 )
@@ -80,6 +78,8 @@ class NodePlan:
     argv: list[str]
     env: dict[str, str]
     cwd: str
+    env_sources: dict[str, str] = field(default_factory=dict)
+    """Per variable of `env`, where it came from (environment.py's sources)."""
 
     def ranks(self) -> range:
         return range(self.first_rank, self.first_rank + self.slots)
@@ -109,14 +109,6 @@ def is_secret(name: str) -> bool:
 
 def masked(env: Mapping[str, str]) -> dict[str, str]:
     return {k: (MASK if is_secret(k) else v) for k, v in env.items()}
-
-
-def forwarded_env(launch_env: Mapping[str, str]) -> dict[str, str]:
-    return {
-        k: v
-        for k, v in sorted(launch_env.items())
-        if k in FORWARDED or k.startswith(FORWARDED_PREFIXES)
-    }
 
 
 def choose_master_port(requested: int, listening: tuple[int, ...]) -> tuple[int, str | None]:
@@ -149,21 +141,39 @@ def head_line(plan: LaunchPlan | DeepSpeedPlan) -> str:
     )
 
 
+UserEnv = list[tuple[str, dict[str, str]]]
+"""(source, variables) pairs, lowest precedence first: environment.user_env's result."""
+
+
 def node_env(
-    cluster: Cluster, host: str, facts: NodeFacts, launch_env: Mapping[str, str]
-) -> dict[str, str]:
+    cluster: Cluster, host: str, facts: NodeFacts, user: UserEnv
+) -> tuple[EnvBuilder, list[str]]:
+    """The node's environment with each variable's source, and what to tell the user about it
+    (a global interface variable that would not work on this node)."""
     node = cluster.node(host)
-    env = forwarded_env(launch_env)
-    env.update(node.env)  # cluster-wide values, overridden by the node's own
-    env["TRAINFLEET_NODE"] = host  # the node's name as in the cluster spec, for tools
+    env = EnvBuilder()
+    for source, values in user:
+        env.update(values, source)
+    env.update(cluster.env, environment.CLUSTER_YAML)
+    env.update({k: v for k, v in node.env.items() if cluster.env.get(k) != v},
+               f"cluster.yaml ({host})")  # fmt: skip
+    notes: list[str] = []
     if facts.interface:
-        env["NCCL_SOCKET_IFNAME"] = facts.interface
-        env["GLOO_SOCKET_IFNAME"] = facts.interface
+        given = {
+            name: (env.values[name], env.sources[name])
+            for name in environment.INTERFACE_VARIABLES
+            if name in env.values
+        }
+        notes = environment.interface_notes(host, facts.interface, given)
+        env.update(dict.fromkeys(environment.INTERFACE_VARIABLES, facts.interface),
+                   environment.INTERFACE)  # fmt: skip
+    env.update({"TRAINFLEET_NODE": host}, environment.TRAINFLEET)  # its name in the spec
     if facts.gpus == 0:
-        env["DS_ACCELERATOR"] = "cpu"
+        env.update({"DS_ACCELERATOR": "cpu"}, environment.NO_GPU)
     if node.gpu_ids != tuple(range(node.slots)):
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in node.gpu_ids)
-    return env
+        visible = ",".join(str(i) for i in node.gpu_ids)
+        env.update({"CUDA_VISIBLE_DEVICES": visible}, environment.SLOT_LIST)
+    return env, notes
 
 
 def torchrun_argv(
@@ -197,14 +207,19 @@ def plan_launch(
 ) -> LaunchPlan:
     """The ssh-backend plan: torchrun on every node with its rank, size and environment."""
     port, notes = master_port(cluster, facts, options)
+    user = environment.user_env(launch_env, launch_cwd)
     nodes = []
     first_rank = 0
     for node_rank, node in enumerate(cluster.nodes):
-        env = node_env(cluster, node.host, facts.get(node.host, NodeFacts()), launch_env)
+        env, env_notes = node_env(cluster, node.host, facts.get(node.host, NodeFacts()), user)
+        notes += env_notes
         env.update(
-            TRAINFLEET_RUN_ID=options.run_id,
-            TRAINFLEET_RESTART=str(options.restart),
-            TRAINFLEET_LOCAL_RANK_ARG=options.local_rank_arg,
+            {
+                "TRAINFLEET_RUN_ID": options.run_id,
+                "TRAINFLEET_RESTART": str(options.restart),
+                "TRAINFLEET_LOCAL_RANK_ARG": options.local_rank_arg,
+            },
+            environment.TRAINFLEET,
         )
         nodes.append(
             NodePlan(
@@ -221,7 +236,8 @@ def plan_launch(
                     port=port,
                     command=options.command,
                 ),
-                env=env,
+                env=env.values,
+                env_sources=env.sources,
                 cwd=cluster.workdir or launch_cwd,
             )
         )
@@ -236,6 +252,16 @@ def plan_launch(
     )
 
 
+def env_lines(env: Mapping[str, str], sources: Mapping[str, str]) -> list[str]:
+    """`    NAME=value` lines, sorted, each with its source where it is not trainfleet."""
+    lines = []
+    for key, value in sorted(env.items()):
+        source = sources.get(key, environment.TRAINFLEET)
+        said = f"    {key}={shlex.quote(value)}"
+        lines.append(said if source == environment.TRAINFLEET else f"{said}  # {source}")
+    return lines
+
+
 def render_plan(plan: LaunchPlan) -> str:
     """`--dry-run`: per node, the exact argv and environment (secrets masked)."""
     lines = [head_line(plan), *plan.notes]
@@ -248,6 +274,6 @@ def render_plan(plan: LaunchPlan) -> str:
             f"  argv: {shlex.join(node.argv)}",
             "  env:",
         ]
-        lines += [f"    {k}={shlex.quote(v)}" for k, v in sorted(masked(node.env).items())]
+        lines += env_lines(masked(node.env), node.env_sources)
     lines += ["", "{SHIM}: trainfleet's rank wrapper, written to a private temp dir on each node"]
     return "\n".join(lines)

@@ -1,0 +1,159 @@
+"""Where each variable a rank sees comes from: the environment DeepSpeed's runner would give it,
+plus what trainfleet sets per node. Pure, like the plans that use it.
+
+    >>> shell = {"NCCL_DEBUG": "INFO", "PYTHONPATH": "/src", "HOME": "/nonexistent"}
+    >>> env = EnvBuilder(); env.update(launch_shell_env(shell), LAUNCH_SHELL)
+    >>> env.values, env.sources["NCCL_DEBUG"]
+    ({'NCCL_DEBUG': 'INFO', 'PYTHONPATH': '/src'}, 'launch shell')
+
+Sources, lowest precedence first (a later one overrides an earlier one, per variable):
+
+1. the launch shell: what DeepSpeed's runner exports to every node (NCCL*, PYTHON*, UCX*, MV2*,
+   MLFLOW*), and what it drops but a rank needs (PATH, LD_LIBRARY_PATH, CUDA_HOME, HF_*,
+   WANDB_*, TORCH_*);
+2. `~/.deepspeed_env`, then `./.deepspeed_env` in the launch directory (the file name is
+   `$DS_ENV_FILE` when set), read as DeepSpeed's runner reads them;
+3. cluster.yaml's env, cluster-wide then the node's own;
+4. what trainfleet knows of the node: the interface that reaches the master, DS_ACCELERATOR=cpu
+   without GPUs, CUDA_VISIBLE_DEVICES for an include like `host:0,2`;
+5. trainfleet's own TRAINFLEET_* variables.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trainfleet.errors import SpecError
+
+FORWARDED = ("PATH", "LD_LIBRARY_PATH", "CUDA_HOME")
+FORWARDED_PREFIXES = ("HF_", "WANDB_", "TORCH_")
+RUNNER_EXPORTS = ("NCCL", "PYTHON", "UCX", "MV2", "MLFLOW")
+"""What DeepSpeed's runner exports from its own environment to every node (runner.py
+EXPORT_ENVS plus the CUDA accelerator's export_envs)."""
+
+DS_ENV_NAME = ".deepspeed_env"
+INTERFACE_VARIABLES = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+
+LAUNCH_SHELL = "launch shell"
+CLUSTER_YAML = "cluster.yaml"
+INTERFACE = "interface to the master"
+NO_GPU = "no GPU on the node"
+SLOT_LIST = "the node's slot list"
+TRAINFLEET = "trainfleet"
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+@dataclass(slots=True)
+class EnvBuilder:
+    """A rank's environment and, per variable, the source that set it last."""
+
+    values: dict[str, str] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def update(self, values: Mapping[str, str], source: str) -> None:
+        for key, value in values.items():
+            self.values[key] = value
+            self.sources[key] = source
+
+
+def is_forwarded(name: str) -> bool:
+    return name in FORWARDED or name.startswith(FORWARDED_PREFIXES + RUNNER_EXPORTS)
+
+
+def launch_shell_env(launch_env: Mapping[str, str]) -> dict[str, str]:
+    """The launch shell's variables that reach every rank."""
+    return {k: v for k, v in sorted(launch_env.items()) if is_forwarded(k)}
+
+
+def deepspeed_env_paths(launch_env: Mapping[str, str], launch_cwd: str) -> list[Path]:
+    """Where DeepSpeed's runner looks for its env file: the name ($DS_ENV_FILE or
+    .deepspeed_env) joined to the home directory, then to the launch directory. An absolute
+    DS_ENV_FILE is the same file twice; it is read once here (reading it twice changes nothing)."""
+    name = launch_env.get("DS_ENV_FILE") or DS_ENV_NAME
+    home = launch_env.get("HOME") or os.path.expanduser("~")
+    paths = []
+    for base in (home, launch_cwd):
+        path = Path(base) / name
+        if path not in paths:
+            paths.append(path)
+    return paths
+
+
+def parse_deepspeed_env(text: str, source: str) -> dict[str, str]:
+    """`KEY=VALUE` lines, as DeepSpeed's runner reads them (split at the first '=', key and
+    value stripped). Stricter where the runner would crash or export nonsense: a line without
+    '=' or with a key that is no variable name is an error naming the file and line. Blank lines
+    and `#` comments, which make the runner crash, are skipped."""
+    env: dict[str, str] = {}
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        key = key.strip()
+        if not sep or not _NAME.match(key):
+            raise SpecError(
+                source,
+                lineno,
+                f"not a `NAME=value` line: {line[:60]!r}",
+                "write one `NAME=value` per line, as DeepSpeed's runner expects",
+            )
+        env[key] = value.strip()
+    return env
+
+
+def read_deepspeed_env_files(paths: list[Path]) -> list[tuple[str, dict[str, str]]]:
+    """(the file as it is shown, its variables) for each of `paths` that is a file."""
+    found = []
+    for path in paths:
+        if not path.is_file():
+            continue
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SpecError(
+                str(path), None, f"cannot read it ({exc})", "fix its permissions or remove it"
+            ) from None
+        found.append((str(path), parse_deepspeed_env(text, str(path))))
+    return found
+
+
+def user_env(launch_env: Mapping[str, str], launch_cwd: str) -> list[tuple[str, dict[str, str]]]:
+    """Sources 1 and 2 (see the module's docstring), lowest precedence first: what every node
+    gets before cluster.yaml and the node's facts."""
+    files = read_deepspeed_env_files(deepspeed_env_paths(launch_env, launch_cwd))
+    return [(LAUNCH_SHELL, launch_shell_env(launch_env)), *files]
+
+
+def ifname_matches(spec: str, interface: str) -> bool:
+    """Whether NCCL would pick `interface` for NCCL_SOCKET_IFNAME=`spec`: a comma-separated
+    list of prefixes, `=` in front for exact names, `^` in front to exclude."""
+    exclude = spec.startswith("^")
+    body = spec[1:] if exclude else spec
+    exact = body.startswith("=")
+    body = body[1:] if exact else body
+    names = [n for n in body.split(",") if n]
+    hit = any(interface == n if exact else interface.startswith(n) for n in names)
+    return hit != exclude
+
+
+def interface_notes(host: str, interface: str, given: Mapping[str, tuple[str, str]]) -> list[str]:
+    """iface-mismatch notes for a global interface variable that would not select `interface`
+    (the one that reaches the master) on `host`. `given`: variable -> (value, source)."""
+    notes = []
+    for name, (value, source) in sorted(given.items()):
+        # gloo takes exact names only; NCCL prefixes and its ^/= forms.
+        fits = (
+            value == interface if name == "GLOO_SOCKET_IFNAME" else ifname_matches(value, interface)
+        )
+        if not fits:
+            notes.append(
+                f"iface-mismatch: {name}={value} ({source}) does not select {host}'s "
+                f"interface to the master, {interface}: {host} gets {name}={interface}"
+            )
+    return notes
