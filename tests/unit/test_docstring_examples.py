@@ -25,6 +25,8 @@ MODULES = [
     "trainfleet.plan.zero",
     "trainfleet.commtest.formulas",
     "trainfleet.heartbeat",
+    "trainfleet.launch.entry",
+    "trainfleet.launch.environment",
     "trainfleet.launch.output",
     "trainfleet.launch.restarts",
     "trainfleet.procs",

@@ -182,3 +182,82 @@ def test_prefixed_output_tags_every_line_of_the_rank_and_its_children(tmp_path):
     ]
     assert "[default3]:err line" in done.stderr.splitlines()
     assert all(line.startswith("[default3]:") for line in done.stderr.splitlines())
+
+
+def _shim_command(tmp_path, *command, **env_vars):
+    env = {
+        **os.environ,
+        "RANK": "2",
+        "LOCAL_RANK": "1",
+        "WORLD_SIZE": "4",
+        "TRAINFLEET_RUN_ID": "r9",
+        "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}",
+        **env_vars,
+    }
+    return subprocess.run(
+        [sys.executable, str(SHIM), *command],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+
+
+def _marks(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("@@trainfleet")]
+
+
+def test_a_shell_script_runs_as_an_executable_with_torchruns_environment(tmp_path):
+    script = tmp_path / "run.sh"
+    script.write_text(
+        '#!/bin/sh\necho "rank $RANK/$WORLD_SIZE local $LOCAL_RANK args $*"\nexit 6\n'
+    )
+    script.chmod(0o755)
+    done = _shim_command(tmp_path, "./run.sh", "--epochs", "1")
+    assert done.returncode == 6, done.stderr
+    assert done.stdout == "rank 2/4 local 1 args --epochs 1\n"
+    assert _marks(done.stderr) == ["@@trainfleet:r9:started:2", "@@trainfleet:r9:exit=6:2"]
+    # With DeepSpeed's launcher in front: its --local_rank goes only where asked for.
+    done = _shim_command(tmp_path, "--local_rank=1", "./run.sh", "x")
+    assert done.stdout.endswith("args x\n")
+    done = _shim_command(
+        tmp_path, "--local_rank=1", "./run.sh", "x", TRAINFLEET_LOCAL_RANK_ARG="always"
+    )
+    assert done.stdout.endswith("args --local_rank=1 x\n")
+
+
+def test_a_console_script_of_this_python_runs_in_the_rank_and_its_joins_are_seen(tmp_path):
+    """pip writes `#!/venv/bin/python` wrappers (llamafactory-cli, trl): run in-process, so the
+    shim's init_process_group marks still come."""
+    (tmp_path / "bin").mkdir()
+    tool = tmp_path / "bin" / "my-trainer"
+    tool.write_text(
+        f"#!{sys.executable}\n"
+        "import sys, torch.distributed as dist\n"
+        "dist.init_process_group('gloo', rank=0, world_size=1, init_method='tcp://127.0.0.1:"
+        f"{_free_port()}')\n"
+        "print('joined', sys.argv[1:])\n"
+    )
+    tool.chmod(0o755)
+    done = _shim_command(tmp_path, "my-trainer", "train", "cfg.yaml")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "joined ['train', 'cfg.yaml']\n"
+    assert _marks(done.stderr) == [
+        "@@trainfleet:r9:started:2",
+        "@@trainfleet:r9:entered:2",
+        "@@trainfleet:r9:joined:2",
+        "@@trainfleet:r9:exit=0:2",
+    ]
+    # --no-python: the same program as an executable (no join marks from outside Python).
+    done = _shim_command(tmp_path, "my-trainer", "x", TRAINFLEET_NO_PYTHON="1")
+    assert done.returncode == 0, done.stderr
+    assert _marks(done.stderr) == ["@@trainfleet:r9:started:2", "@@trainfleet:r9:exit=0:2"]
+
+
+def test_a_command_found_nowhere_ends_the_rank_with_127_naming_the_path(tmp_path):
+    done = _shim_command(tmp_path, "llamafactory-cli", "train", "cfg.yaml")
+    assert done.returncode == 127
+    assert "llamafactory-cli: not found on this node" in done.stderr
+    assert str(tmp_path / "bin") in done.stderr  # the PATH it looked in
+    assert _marks(done.stderr)[-1] == "@@trainfleet:r9:exit=127:2"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -30,8 +31,15 @@ cluster.yaml's env, ~/.deepspeed_env and ./.deepspeed_env (or $DS_ENV_FILE) as D
 runner reads them, and from this shell what DeepSpeed's runner exports (NCCL*, PYTHON*, UCX*,
 MV2*, MLFLOW*) plus PATH, LD_LIBRARY_PATH, CUDA_HOME, HF_*, WANDB_*, TORCH_*. A global
 NCCL_SOCKET_IFNAME that would not work on a node is reported (iface-mismatch) and that node
-gets its own interface; --dry-run shows where each variable came from. Secrets (names with TOKEN, KEY, SECRET, PASSWORD...) reach the nodes over ssh stdin and are
-masked in every output and file.
+gets its own interface; --dry-run shows where each variable came from. Secrets (names with
+TOKEN, KEY, SECRET, PASSWORD...) reach the nodes over ssh stdin and are masked in every output
+and file.
+
+What runs: a .py file or -m MODULE with the node's python; a console script of that python
+(pip's wrappers) the same way; anything else (a shell script, a binary) as an executable with
+torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR...), as --no-python forces.
+A command that starts its own launcher (torchrun, deepspeed, accelerate launch,
+llamafactory-cli train, axolotl train) is refused with the command to use instead.
 
 Every line comes back as `[node:rank] ...` and is kept in RUN_DIR/logs. When a rank fails or
 a node's connection drops, every rank on every node is stopped within seconds, the first
@@ -100,20 +108,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--run-dir", metavar="DIR", help="logs go here (default: trainfleet-runs/RUN_ID)"
     )
     parser.add_argument("--json", action="store_true", help="print the outcome as JSON at the end")
+    parser.add_argument(
+        "--no-python",
+        "--no_python",
+        dest="no_python",
+        action="store_true",
+        help="run the first word as an executable, not with python (torchrun's --no-python); "
+        "without it, a first word that is no .py file and no Python console script of the "
+        "node's python runs as an executable anyway",
+    )
     parser.add_argument("-m", dest="module", metavar="MODULE", help="run a module (python -m)")
     parser.add_argument(
-        "command", nargs=argparse.REMAINDER, metavar="-- SCRIPT.py [ARGS]", help="what to run"
+        "command",
+        nargs=argparse.REMAINDER,
+        metavar="-- SCRIPT.py [ARGS]",
+        help="what to run: a .py file, -m MODULE, a console script (llamafactory-cli is "
+        "refused with its module), a shell script or any executable on the nodes",
     )
     parser.epilog = CLUSTER_YAML_EXAMPLE
 
 
 def _command(args: argparse.Namespace) -> tuple[str, ...]:
+    """What every rank runs; a launcher inside it (torchrun, deepspeed, accelerate launch,
+    llamafactory-cli train, axolotl train) is refused with the command to use instead."""
+    from trainfleet.launch.entry import entry_command
+
     rest = command_after_dashes(args.command)
     if args.module:
-        return ("-m", args.module, *rest)
+        rest = ["-m", args.module, *rest]
     if not rest:
         raise TrainfleetError("no script given", "trainfleet launch [options] -- train.py [ARGS]")
-    return tuple(rest)
+    command, note = entry_command(tuple(rest), os.environ)
+    if note:
+        print(f"trainfleet: {note}", file=sys.stderr)
+    return command
 
 
 def _render_findings(findings) -> list[str]:
@@ -180,6 +208,7 @@ def run(args: argparse.Namespace) -> int:
         backend=args.backend,
         master_port=args.master_port,
         local_rank_arg=args.local_rank_arg,
+        no_python=args.no_python,
         run_id=new_run_id(),
         join_timeout=args.join_timeout,
         hang_timeout=args.hang_timeout,

@@ -160,6 +160,7 @@ def plan_deepspeed(
         # DeepSpeed's launcher gives a node's ranks one stdout: the shim prefixes each line
         # with its local rank, as torchrun does, so that lines can be told apart.
         "TRAINFLEET_PREFIX_OUTPUT": "1",
+        **({"TRAINFLEET_NO_PYTHON": "1"} if options.no_python else {}),
         **({"DS_ACCELERATOR": "cpu"} if no_gpus else {}),
     }
     # The runner reads DS_ENV_FILE's name under ~ and under the launch directory: an absolute

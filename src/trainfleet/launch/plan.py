@@ -48,6 +48,8 @@ class LaunchOptions:
     """None: the cluster's (29500 unless cluster.yaml says otherwise)."""
     local_rank_arg: str = "auto"
     """Pass `--local_rank=N` to the script: auto (when its source defines it), always, never."""
+    no_python: bool = False
+    """Run command[0] as an executable even when it is Python (torchrun's --no-python)."""
     run_id: str = "run"
     join_timeout: float = 60.0
     grace: float = 5.0
@@ -218,6 +220,7 @@ def plan_launch(
                 "TRAINFLEET_RUN_ID": options.run_id,
                 "TRAINFLEET_RESTART": str(options.restart),
                 "TRAINFLEET_LOCAL_RANK_ARG": options.local_rank_arg,
+                **({"TRAINFLEET_NO_PYTHON": "1"} if options.no_python else {}),
             },
             environment.TRAINFLEET,
         )

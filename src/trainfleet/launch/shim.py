@@ -8,6 +8,15 @@ and came out of it (what the launcher's join watchdog counts), adds `--local_ran
 scripts that expect the argument (seed 004: DeepSpeed's runner passes it, torchrun does not),
 then runs the script as `__main__`: its exceptions, exit codes and output are its own.
 
+What runs: `-m MODULE` and `*.py` files with runpy, in this process. Any other first word is
+looked up as torchrun's --no-python would (a path, else the node's PATH): a console script of
+this very python (pip's `#!/venv/bin/python` wrappers: llamafactory-cli, axolotl, trl) still
+runs in this process, so that its joins are seen; anything else (a shell script, another
+interpreter's program, a binary) runs as this process's child with the torchrun environment,
+and its exit code is the rank's.
+TRAINFLEET_NO_PYTHON=1 makes every command such an executable. A first word found nowhere ends
+the rank with 127, as a shell would, naming the node's PATH.
+
 Environment it reads: TRAINFLEET_RUN_ID (marks lines as this run's), TRAINFLEET_LOCAL_RANK_ARG
 (auto | always | never), TRAINFLEET_NODE_ENV (optional JSON file: per node rank, variables to
 set before the script runs; how the deepspeed backend gives each node its own environment),
@@ -22,6 +31,9 @@ import importlib.util
 import json
 import os
 import runpy
+import shutil
+import signal
+import subprocess
 import sys
 import threading
 
@@ -90,6 +102,59 @@ def wants_local_rank(target, is_module):
     except (OSError, TypeError, ImportError, ValueError):
         return False
     return "--local_rank" in text or "--local-rank" in text
+
+
+def python_shebang(path):
+    """True when `path` is a script whose #! line names this very interpreter (the same
+    directory, the same binary: pip's console scripts of this environment)."""
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(512)
+    except OSError:
+        return False
+    if not first.startswith(b"#!"):
+        return False
+    words = first[2:].decode("utf-8", "replace").split()
+    if words and os.path.basename(words[0]) == "env" and len(words) > 1:
+        words = [shutil.which(words[1]) or words[1]]
+    if not words or "python" not in os.path.basename(words[0]):
+        return False
+    interpreter = words[0]
+    same_dir = os.path.dirname(os.path.abspath(interpreter)) == os.path.dirname(
+        os.path.abspath(sys.executable)
+    )
+    return same_dir and os.path.realpath(interpreter) == os.path.realpath(sys.executable)
+
+
+def resolve(word):
+    """The file torchrun's --no-python would run for `word`, or None."""
+    if os.sep in word:
+        return word if os.path.isfile(word) else None
+    return shutil.which(word)
+
+
+def run_executable(word, path, args):
+    """Run the program as this rank's child and end with its exit code. A child, not an exec:
+    the output prefixing (a pipe read by this process's threads) and the exit mark live on."""
+    mark("started")
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    try:
+        child = subprocess.Popen([word] + args, executable=path)
+    except OSError as exc:
+        sys.stderr.write("trainfleet shim: cannot run %s: %s\n" % (path, exc))
+        mark("exit=126")
+        sys.exit(126)
+
+    def forward(signum, _frame):
+        child.send_signal(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, forward)
+    code = child.wait()
+    code = code if code >= 0 else 128 - code  # killed by signal N: 128+N, as a shell says
+    mark("exit=%d" % code)
+    sys.exit(code)
 
 
 def node_env():
@@ -161,8 +226,24 @@ def main(argv):
         prefix_output(("[default%s]:" % os.environ.get("LOCAL_RANK", "0")).encode())
     is_module = argv[0] == "-m"
     target, args = (argv[1], argv[2:]) if is_module else (argv[0], argv[1:])
-    args = passed + args
     mode = os.environ.get("TRAINFLEET_LOCAL_RANK_ARG", "auto")
+    if not is_module and not target.endswith(".py"):
+        path = resolve(target)
+        if path is None:
+            sys.stderr.write(
+                "trainfleet shim: %s: not found on this node (not a file, and not on PATH=%s)\n"
+                % (target, os.environ.get("PATH", ""))
+            )
+            mark("exit=127")
+            sys.exit(127)
+        if os.environ.get("TRAINFLEET_NO_PYTHON") == "1" or not python_shebang(path):
+            # An executable gets --local_rank only when asked (`--local-rank-arg always`).
+            if mode == "always":
+                local = "--local_rank=%s" % os.environ.get("LOCAL_RANK", "0")
+                args = passed + args if passed else args + [local]
+            run_executable(target, path, args)
+        target = path
+    args = passed + args
     has_arg = any(a.startswith(("--local_rank", "--local-rank")) for a in args)
     if not has_arg and (
         mode == "always" or (mode == "auto" and wants_local_rank(target, is_module))
