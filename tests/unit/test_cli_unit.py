@@ -137,3 +137,33 @@ def test_cli_import_leaves_torch_deepspeed_transformers_out():
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_deepspeed_runner_flags_parse_with_their_spellings():
+    """What users type from DeepSpeed's runner habit: underscores, and the hyphen forms."""
+    from trainfleet.cli.main import build_parser
+
+    parser = build_parser()
+    args = parser.parse_args(
+        ["launch", "--hosts", "a:4,b:4", "--num_nodes", "1", "--num_gpus", "2",
+         "--master_port", "29510", "--master_addr", "10.0.0.5", "--no_python", "--", "run.sh"]
+    )  # fmt: skip
+    assert (args.num_nodes, args.num_gpus, args.master_port) == (1, 2, 29510)
+    assert args.master_addr == "10.0.0.5" and args.no_python
+    args = parser.parse_args(["doctor", "--num-nodes", "2", "--num-gpus", "8"])
+    assert (args.num_nodes, args.num_gpus) == (2, 8)
+
+
+def test_num_gpus_with_an_include_fails_as_deepspeed_does(capsys):
+    code = main(["exec", "--hosts", "localhost:2", "--num_gpus", "1", "-i", "localhost", "--",
+                 "true"])  # fmt: skip
+    assert code == 1
+    assert "cannot be combined with --include/--exclude" in capsys.readouterr().err
+
+
+def test_launch_refuses_a_nested_launcher_before_starting_anything(capsys, tmp_path):
+    nested = ["accelerate", "launch", "--num_processes", "8", "train.py", "--lr", "1"]
+    code = main(["launch", "--run-dir", str(tmp_path / "run"), "--dry-run", "--", *nested])
+    err = capsys.readouterr().err
+    assert code == 1 and "trainfleet launch [cluster options] -- train.py --lr 1" in err
+    assert not (tmp_path / "run").exists()

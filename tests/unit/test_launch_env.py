@@ -215,3 +215,26 @@ def test_deepspeed_backend_refuses_an_ipv6_host_with_the_fix(dirs):
     assert "fe80::2" in str(err.value) and "ssh backend" in err.value.fix
     # The ssh backend takes them.
     assert _ssh_plan(cluster, home, cwd, {}).world_size == 2
+
+
+def test_a_slot_beyond_a_nodes_gpus_stops_the_launch_naming_the_node(tmp_path):
+    """A hostfile's `slots=8` on a node whose probe found 4 GPUs. GPUs are facts here (no GPU
+    exists on this machine); a node without GPUs runs its ranks on CPU and is not checked."""
+    from trainfleet.launch import check_slots
+
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("gpu-node-1 slots=8\ngpu-node-2 slots=8\n")
+    cluster = load_cluster(hostfile=str(hostfile))
+    facts = {"gpu-node-1": NodeFacts(gpus=8), "gpu-node-2": NodeFacts(gpus=4)}
+    with pytest.raises(TrainfleetError) as err:
+        check_slots(cluster, facts)
+    assert "gpu-node-2 has 4 GPU(s) (0-3), but its slots name GPU 4" in str(err.value)
+    assert "slots=4" in err.value.fix
+    check_slots(cluster, {"gpu-node-1": NodeFacts(gpus=8), "gpu-node-2": NodeFacts(gpus=0)})
+    check_slots(load_cluster(hostfile=str(hostfile), num_gpus=4), facts)
+
+
+def test_master_addr_is_checked_like_a_host():
+    assert LaunchOptions(command=("t.py",), master_addr="10.0.0.5").master_addr == "10.0.0.5"
+    with pytest.raises(SpecError, match="--master_addr"):
+        LaunchOptions(command=("t.py",), master_addr="10.0.0.5;reboot")

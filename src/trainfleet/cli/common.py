@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import replace
 
 from trainfleet.cluster import Cluster, load_cluster
@@ -34,7 +35,8 @@ cluster.yaml example:
 
 def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group(
-        "cluster (one of --hostfile, --cluster, --hosts; default: this machine alone)"
+        "cluster (one of --hostfile, --cluster, --hosts; default: this machine alone, its GPUs"
+        " or CUDA_VISIBLE_DEVICES)"
     )
     group.add_argument(
         "--hostfile", metavar="FILE", help="DeepSpeed/MPI hostfile: one `HOST slots=N` per line"
@@ -52,6 +54,22 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "-e", "--exclude", default="", metavar="SPEC", help="all but these nodes/slots"
+    )
+    group.add_argument(
+        "--num_nodes",
+        "--num-nodes",
+        type=int,
+        dest="num_nodes",
+        metavar="N",
+        help="only the first N nodes (DeepSpeed's runner flag; not with -i/-e)",
+    )
+    group.add_argument(
+        "--num_gpus",
+        "--num-gpus",
+        type=int,
+        dest="num_gpus",
+        metavar="N",
+        help="slots 0..N-1 on every node (DeepSpeed's runner flag; not with -i/-e)",
     )
     group.add_argument(
         "--ssh-config", metavar="FILE", help="ssh config file for every node (like `ssh -F`)"
@@ -74,6 +92,11 @@ def cluster_from_args(args: argparse.Namespace) -> Cluster:
         include=args.include,
         exclude=args.exclude,
         ssh_config=args.ssh_config,
+        num_nodes=getattr(args, "num_nodes", None),
+        num_gpus=getattr(args, "num_gpus", None),
+        # With no cluster source, this machine's slots are CUDA_VISIBLE_DEVICES, as DeepSpeed
+        # reads it.
+        visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
     )
     if args.connect_timeout:
         nodes = tuple(

@@ -66,7 +66,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="print each node's exact argv and environment (secrets masked); start nothing",
     )
-    parser.add_argument("--master-port", type=int, metavar="PORT", help="default: 29500")
+    parser.add_argument(
+        "--master-port",
+        "--master_port",
+        dest="master_port",
+        type=int,
+        metavar="PORT",
+        help="the rendezvous port on the master (default: cluster.yaml's, else 29500; a busy "
+        "one moves to the next free port, and says so)",
+    )
+    parser.add_argument(
+        "--master-addr",
+        "--master_addr",
+        dest="master_addr",
+        metavar="ADDR",
+        help="the address every rank connects to for the rendezvous (default: the master's "
+        "address as this machine resolves it, checked by the preflight)",
+    )
     parser.add_argument(
         "--join-timeout",
         type=float,
@@ -207,6 +223,7 @@ def run(args: argparse.Namespace) -> int:
         command=_command(args),
         backend=args.backend,
         master_port=args.master_port,
+        master_addr=args.master_addr,
         local_rank_arg=args.local_rank_arg,
         no_python=args.no_python,
         run_id=new_run_id(),

@@ -23,6 +23,7 @@ import secrets
 import shutil
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from trainfleet.cluster import Cluster
@@ -103,6 +104,22 @@ def blocking(report: DoctorReport) -> list:
     ]
 
 
+def check_slots(cluster: Cluster, facts: Mapping[str, NodeFacts]) -> None:
+    """A slot beyond a node's GPUs (a hostfile's `slots=8` on a 4-GPU node, `-i node:5`) is an
+    error before anything starts; DeepSpeed's runner would start the ranks and fail there.
+    Nodes without GPUs run their ranks on CPU and are not checked."""
+    for node in cluster.nodes:
+        gpus = facts.get(node.host, NodeFacts()).gpus
+        beyond = [i for i in node.gpu_ids if gpus and i >= gpus]
+        if beyond:
+            raise TrainfleetError(
+                f"{node.host} has {gpus} GPU(s) (0-{gpus - 1}), but its slots name GPU "
+                f"{beyond[0]} ({cluster.source})",
+                f"give {node.host} at most slots={gpus} in the hostfile, or pick GPUs it has "
+                f"with -i {node.host}:0,1",
+            )
+
+
 def prepare(
     cluster: Cluster, options: LaunchOptions, *, preflight: bool = True, run_dir: Path
 ) -> tuple[AnyPlan, DoctorReport]:
@@ -116,7 +133,8 @@ def prepare(
         raise TrainfleetError(
             f"cannot reach {', '.join(unreachable)}", "run `trainfleet doctor` for the cause"
         )
-    master_addr = report.survey.master_addr if report.survey else None
+    check_slots(cluster, node_facts(report))
+    master_addr = options.master_addr or (report.survey.master_addr if report.survey else None)
     if not master_addr:
         raise TrainfleetError(
             f"the master {cluster.master} has no address this machine can resolve",

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from trainfleet.cluster import Cluster
+from trainfleet.cluster import Cluster, check_host
 from trainfleet.launch import environment
 from trainfleet.launch.environment import EnvBuilder
 
@@ -46,6 +46,14 @@ class LaunchOptions:
     backend: str = Backend.SSH
     master_port: int | None = None
     """None: the cluster's (29500 unless cluster.yaml says otherwise)."""
+    master_addr: str | None = None
+    """The rendezvous address every rank connects to (DeepSpeed's --master_addr); None: the
+    master's address as the launch node resolves it."""
+
+    def __post_init__(self) -> None:
+        if self.master_addr is not None:
+            check_host(self.master_addr, "--master_addr", None)
+
     local_rank_arg: str = "auto"
     """Pass `--local_rank=N` to the script: auto (when its source defines it), always, never."""
     no_python: bool = False
