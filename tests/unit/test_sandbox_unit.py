@@ -114,6 +114,8 @@ def test_hosts_file_maps_own_name_to_address_loopback_or_nothing():
     assert "127.0.1.1\tgpu-node-2" in faulty and own not in faulty
     assert own in healthy and "127.0.1.1" not in healthy
     assert "gpu-node-2" not in absent and f"{nodes[0].address}\tgpu-node-1" in absent
+    # c10d names its clients by their IPv4-mapped address: a name for each, not the node's.
+    assert f"::ffff:{nodes[0].address}\tgpu-node-1-ipv4-mapped" in healthy
 
 
 def test_bare_env_fault_sets_path_in_sshd(tmp_path):
