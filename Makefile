@@ -13,6 +13,8 @@ TRANSFORMERS_PIN ?= transformers==5.23.0
 ACCELERATE_PIN ?= accelerate==1.15.0
 # What `trainfleet train` uses on top (data loading, LoRA, TensorBoard event files).
 TRAIN_PINS ?= datasets==5.2.0 peft==0.21.2 tensorboard==2.20.0 py-spy==0.4.3
+# Third-party trainers the tests launch through trainfleet as users run them (TRL's sft.py).
+THIRD_PARTY_PINS ?= trl==1.16.0
 
 .PHONY: all venv system demo test test-unit test-cluster lint format bench clean
 
@@ -29,6 +31,7 @@ $(STAMP): pyproject.toml Makefile
 	# HfDeepSpeedConfig (zero.Init while loading) needs accelerate.
 	$(BIN)/pip install -q "$(TRANSFORMERS_PIN)" "$(ACCELERATE_PIN)"
 	$(BIN)/pip install -q $(TRAIN_PINS)
+	$(BIN)/pip install -q $(THIRD_PARTY_PINS)
 	touch $@
 
 venv: $(STAMP)
