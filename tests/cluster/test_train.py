@@ -4,7 +4,9 @@ checked against one process, resumed after a kill, exported and reloaded by tran
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -136,11 +138,30 @@ def test_killed_run_resumes_from_the_latest_checkpoint_and_the_curve_continues(
 
 
 def test_export_reloads_with_transformers_and_generates(make_sandbox, tmp_path, assets):
+    """Run as HF users type it: TrainingArguments names, epochs and their own ZeRO-3 JSON (the
+    shape of HF's documented ds_config_zero3.json: "auto" where HF fills the value in)."""
     box = make_sandbox(nodes=2, slots=1)
+    ds_json = tmp_path / "ds_z3.json"
+    ds_json.write_text(json.dumps({
+        "bf16": {"enabled": "auto"},
+        "optimizer": {"type": "AdamW", "params": {"lr": "auto", "weight_decay": "auto"}},
+        "zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": True},
+        "gradient_accumulation_steps": "auto", "gradient_clipping": "auto",
+        "train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+    }))  # fmt: skip
     code, out = _train(
-        box.cluster_file, assets, tmp_path / "out", "--max-steps", "3", "--zero", "3"
-    )
+        box.cluster_file, assets, tmp_path / "out", "--num_train_epochs", "0.3",
+        "--per_device_train_batch_size", "4", "--bf16", "--deepspeed", str(ds_json),
+    )  # fmt: skip
     assert code == 0, out
+    # The steps of 0.3 epochs, as HF Trainer counts them, and the user's JSON is what ran.
+    rows = int(re.search(r"in ([\d,]+) packed rows", out).group(1).replace(",", ""))
+    steps = math.ceil(0.3 * math.ceil(math.ceil(rows / 2) / 4))
+    assert f"steps: {steps} (0.3 epoch(s) of {rows:,} rows on 2 rank(s)" in out, out
+    assert f"step {steps}/{steps} loss" in out, out
+    ran = json.loads((tmp_path / "out" / "deepspeed.json").read_text())
+    assert ran == json.loads(ds_json.read_text())
+    assert "gradient_checkpointing` is deprecated" not in out
     final = tmp_path / "out" / "final"
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -27,6 +27,7 @@ MODULES = [
     "trainfleet.heartbeat",
     "trainfleet.launch.entry",
     "trainfleet.launch.environment",
+    "trainfleet.train.user_deepspeed",
     "trainfleet.launch.output",
     "trainfleet.launch.restarts",
     "trainfleet.procs",

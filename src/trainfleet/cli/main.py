@@ -60,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
             help=module.HELP,
             description=module.DESCRIPTION,
             formatter_class=argparse.RawDescriptionHelpFormatter,
+            # A prefix of a flag is not that flag: `--deepspeed` once reached
+            # `--deepspeed-config` by abbreviation, and a typo silently became another option.
+            allow_abbrev=False,
         )
         module.add_arguments(sub_parser)
         sub_parser.set_defaults(run=module.run)

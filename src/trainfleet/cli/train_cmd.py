@@ -7,9 +7,11 @@ trainfleet train --hosts a:8,b:8 --model /data/qwen-32b --data sft.jsonl --outpu
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 from trainfleet.cli.common import CLUSTER_YAML_EXAMPLE, add_cluster_arguments, cluster_from_args
+from trainfleet.train.config import HF_NAMES
 
 HELP = "multi-node SFT / continued pretraining of a Hugging Face causal LM with DeepSpeed ZeRO"
 DESCRIPTION = """\
@@ -30,25 +32,61 @@ FLAGS = {
     "offload": str,
     "precision": str,
     "max_steps": int,
+    "num_train_epochs": float,
     "micro_batch_size": int,
     "gradient_accumulation_steps": int,
     "seq_len": int,
     "learning_rate": float,
     "warmup_steps": int,
+    "warmup_ratio": float,
+    "lr_scheduler": str,
+    "weight_decay": float,
+    "max_grad_norm": float,
     "save_steps": int,
+    "logging_steps": int,
     "keep_checkpoints": int,
     "seed": int,
     "deepspeed_config": str,
 }
+HF_BOOLEANS = {"bf16": ("precision", "bf16"), "fp16": ("precision", "fp16"),
+               "gradient_checkpointing": ("grad_ckpt", True)}  # fmt: skip
+
+
+def _hf_bool(text: str) -> bool:
+    """HF's spelling of booleans: `--bf16`, `--bf16 true`, `--bf16 False`."""
+    value = text.strip().lower()
+    if value in ("true", "1", "yes", "y"):
+        return True
+    if value in ("false", "0", "no", "n"):
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r} is not true or false")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_cluster_arguments(parser)
     parser.add_argument("--config", metavar="train.yaml", help="every setting; flags override")
-    settings = parser.add_argument_group("settings (also train.yaml keys, with _ for -)")
+    settings = parser.add_argument_group(
+        "settings (also train.yaml keys, with _ for -); HF TrainingArguments names work too"
+    )
+    hf_for = {ours: theirs for theirs, ours in HF_NAMES.items()}
     for name, kind in FLAGS.items():
-        settings.add_argument(f"--{name.replace('_', '-')}", type=kind, dest=name)
+        spellings = [f"--{name.replace('_', '-')}"]
+        if "_" in name:
+            spellings.append(f"--{name}")
+        if name in hf_for:
+            spellings.append(f"--{hf_for[name]}")
+        settings.add_argument(*spellings, type=kind, dest=name, metavar=name.upper())
     settings.add_argument("--grad-ckpt", action="store_true", default=None, dest="grad_ckpt")
+    for name, (dest, _value) in HF_BOOLEANS.items():
+        settings.add_argument(
+            f"--{name}",
+            nargs="?",
+            const=True,
+            type=_hf_bool,
+            dest=f"hf_{name}",
+            metavar="BOOL",
+            help=f"HF's --{name}: sets {dest}",
+        )
     settings.add_argument(
         "--no-packing", action="store_false", default=None, dest="packing", help="pad instead"
     )
@@ -73,7 +111,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="stop when no rank advanced a step (or a phase: saving, exporting) for S"
         " seconds, after dumping every rank's stack into RUN_DIR/stacks (default 300; 0: off)",
     )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print the outcome as JSON on stdout at the end (the ranks' lines go to stderr)",
+    )
     parser.epilog = CLUSTER_YAML_EXAMPLE
+
+
+def hf_booleans(args: argparse.Namespace) -> dict:
+    """--bf16/--fp16/--gradient_checkpointing as the settings they are here."""
+    from trainfleet.errors import TrainfleetError
+
+    if args.hf_bf16 and args.hf_fp16:
+        raise TrainfleetError("--bf16 and --fp16 both given", "pass one of them")
+    if (args.hf_bf16 or args.hf_fp16) and args.precision:
+        raise TrainfleetError(
+            f"--precision {args.precision} and --{'bf16' if args.hf_bf16 else 'fp16'} both given",
+            "pass one of them",
+        )
+    found = {}
+    for name, (dest, value) in HF_BOOLEANS.items():
+        given = getattr(args, f"hf_{name}")
+        if given is True:
+            found[dest] = value
+        elif given is False and dest == "grad_ckpt":
+            found[dest] = False
+        elif given is False and args.precision is None:
+            found.setdefault(dest, "fp32")  # `--bf16 false`: full precision
+    return found
 
 
 def run(args: argparse.Namespace) -> int:
@@ -82,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
     from trainfleet.train import load_train_config, run_train
 
     overrides = {name: getattr(args, name) for name in [*FLAGS, "grad_ckpt", "packing", "export"]}
+    overrides.update(hf_booleans(args))
     config = load_train_config(args.config, overrides)
     cluster = cluster_from_args(args)
     try:
@@ -92,6 +159,8 @@ def run(args: argparse.Namespace) -> int:
             join_timeout=args.join_timeout,
             hang_timeout=args.hang_timeout or None,
             max_restarts=args.max_restarts,
+            # With --json, stdout holds only the JSON outcome.
+            out=sys.stderr if args.json else None,
         )
     except PreflightFailed as exc:
         print(
@@ -99,5 +168,8 @@ def run(args: argparse.Namespace) -> int:
         )
         print("\n".join(_render_findings(exc.report.findings)), file=sys.stderr)
         return 1
-    print(render_outcome(result, plan), file=sys.stderr)
+    if args.json:
+        print(json.dumps({**result.to_json(), "output": config.output}, indent=2))
+    else:
+        print(render_outcome(result, plan), file=sys.stderr)
     return result.exit_code

@@ -12,7 +12,8 @@ with the file and line), and the data is tokenized once into OUTPUT/.cache. Then
 `worker.py` runs on every rank. OUTPUT must be the same storage on every node (NFS, or the
 sandbox's shared filesystem): checkpoints, the data cache and the export live there.
 
-Modules: `config` (train.yaml and flags), `data` (records, masks, packing, the cache),
+Modules: `config` (train.yaml and flags; HF's TrainingArguments names too), `user_deepspeed`
+(a user's --deepspeed JSON, checked here), `data` (records, masks, packing, the cache),
 `worker` (what each rank runs), `checkpoints` (complete-or-nothing checkpoints, `latest`),
 `metrics` (JSONL, TensorBoard, progress, loss curve), `demo_assets` (the built-in demo).
 """
@@ -20,6 +21,7 @@ Modules: `config` (train.yaml and flags), `data` (records, masks, packing, the c
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import re
 import sys
@@ -27,6 +29,8 @@ from pathlib import Path
 
 from trainfleet.cluster import Cluster
 from trainfleet.errors import TrainfleetError
+from trainfleet.plan.memory import TrainSetup
+from trainfleet.train import user_deepspeed
 from trainfleet.train.config import TrainConfig, load_train_config
 
 __all__ = ["TrainConfig", "check_model_dir", "load_train_config", "run_train"]
@@ -74,10 +78,29 @@ def run_train(
     check_model_dir(config.model)
     output = config.output_dir
     output.mkdir(parents=True, exist_ok=True)
-    cache = data.prepare_cache(config, output / ".cache")
-    spec = {"config": config.to_json(), "cache": str(cache)}
-    encoded = base64.b64encode(json.dumps(spec).encode()).decode()
     out = out or sys.stdout
+    cache = data.prepare_cache(config, output / ".cache", out=out)
+    rows = data.load_cached(cache).summary.rows
+    derived = config.max_steps is None and config.num_train_epochs is not None
+    config = config.with_steps(rows, cluster.world_size)
+    if derived:
+        print(
+            f"steps: {config.max_steps} ({config.num_train_epochs:g} epoch(s) of {rows:,} rows"
+            f" on {cluster.world_size} rank(s), micro batch {config.micro_batch_size},"
+            f" accumulation {config.gradient_accumulation_steps})",
+            file=out,
+            flush=True,
+        )
+    spec = {"config": config.to_json(), "cache": str(cache)}
+    setup = config.plan_setup()
+    if config.deepspeed_config:
+        # What the user wrote is what runs (read here, sent with the job: the nodes need not
+        # see the file) and what the memory check checks.
+        spec["deepspeed"], changes = user_deepspeed.check_user_deepspeed(
+            config.deepspeed_config, settings=config.to_json()
+        )
+        setup = dataclasses.replace(setup, **changes)
+    encoded = base64.b64encode(json.dumps(spec).encode()).decode()
     options = LaunchOptions(
         command=("-m", "trainfleet.train.worker", encoded),
         run_id=new_run_id(),
@@ -88,7 +111,7 @@ def run_train(
 
     def check_fit(plan, report) -> None:
         facts = report.survey.facts if report.survey else {}
-        check_memory(config, plan.rank_ranges(), facts, strict=preflight, out=out)
+        check_memory(config, plan.rank_ranges(), facts, strict=preflight, out=out, setup=setup)
 
     return launch_with_restarts(
         cluster,
@@ -104,7 +127,13 @@ def run_train(
 
 
 def check_memory(
-    config: TrainConfig, rank_ranges: dict[str, range], facts: dict, *, strict: bool, out
+    config: TrainConfig,
+    rank_ranges: dict[str, range],
+    facts: dict,
+    *,
+    strict: bool,
+    out,
+    setup: TrainSetup | None = None,
 ) -> None:
     """The planner's memory figures for this run against each node's (`train/preflight.py`);
     raises WontFit when a node is short (`strict`; else the problems are printed)."""
@@ -116,7 +145,7 @@ def check_memory(
     except TrainfleetError as exc:  # a family the planner cannot count: train anyway
         print(f"trainfleet train: no memory check: {exc.what}", file=out, flush=True)
         return
-    setup = config.plan_setup()
+    setup = setup or config.plan_setup()
     ranks_per_node = {host: len(ranks) for host, ranks in rank_ranges.items()}
     fit = fit_check.check_fit(shape, setup, ranks_per_node=ranks_per_node, facts=facts)
     print("\n".join(fit.lines), file=out, flush=True)

@@ -11,6 +11,7 @@ wrong type names the file, the line and the field.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field, fields
@@ -22,6 +23,20 @@ from trainfleet.plan.memory import TrainSetup
 from trainfleet.spec_yaml import LineDict, load_yaml_with_lines
 
 SCHEDULERS = ("cosine", "linear", "constant_with_warmup")
+HF_NAMES = {
+    "model_name_or_path": "model",
+    "output_dir": "output",
+    "per_device_train_batch_size": "micro_batch_size",
+    "lr_scheduler_type": "lr_scheduler",
+    "save_total_limit": "keep_checkpoints",
+    "deepspeed": "deepspeed_config",
+}
+"""HF TrainingArguments names that are another setting's here (flags and train.yaml keys).
+Names HF and trainfleet share (learning_rate, max_steps, num_train_epochs, warmup_steps,
+warmup_ratio, gradient_accumulation_steps, save_steps, logging_steps, weight_decay,
+max_grad_norm, seed) are the same."""
+DEFAULT_MAX_STEPS = 100
+"""Steps when neither max_steps nor num_train_epochs is given."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -63,8 +78,12 @@ class TrainConfig:
     offload: str = "none"
     """none, optimizer, all (params too; ZeRO-3)."""
     precision: str = "bf16"
-    max_steps: int = 100
-    """Optimizer steps."""
+    max_steps: int | None = None
+    """Optimizer steps; None: from num_train_epochs, else 100. Given, it wins over epochs, as
+    in HF Trainer."""
+    num_train_epochs: float | None = None
+    """Passes over the data (HF's name): the steps come from the packed rows, the world size,
+    micro batch and accumulation, as HF Trainer counts them (`with_steps`)."""
     micro_batch_size: int = 1
     """Sequences per rank per forward."""
     gradient_accumulation_steps: int = 1
@@ -72,6 +91,8 @@ class TrainConfig:
     """Tokens per sequence (packed sequences are exactly this long)."""
     learning_rate: float = 2e-5
     warmup_steps: int = 0
+    warmup_ratio: float = 0.0
+    """Warmup as a share of the steps, when warmup_steps is 0 (HF's rule: ceil(steps x r))."""
     lr_scheduler: str = "cosine"
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
@@ -97,8 +118,12 @@ class TrainConfig:
     def __post_init__(self) -> None:
         self.plan_setup()  # ZeRO stage, offload, precision, sizes: the planner's own checks
         checks = [(self.lr_scheduler in SCHEDULERS, "lr_scheduler", ", ".join(SCHEDULERS))]
-        for name in ("max_steps", "gradient_accumulation_steps"):
-            checks.append((getattr(self, name) >= 1, name, "at least 1"))
+        checks.append((self.max_steps is None or self.max_steps >= 1, "max_steps", "at least 1"))
+        checks.append((self.gradient_accumulation_steps >= 1, "gradient_accumulation_steps",
+                       "at least 1"))  # fmt: skip
+        epochs = self.num_train_epochs
+        checks.append((epochs is None or epochs > 0, "num_train_epochs", "a positive number"))
+        checks.append((0 <= self.warmup_ratio < 1, "warmup_ratio", "0 <= r < 1"))
         for name in ("save_steps", "warmup_steps"):
             checks.append((getattr(self, name) >= 0, name, "0 or more"))
         checks.append((self.keep_checkpoints >= 1, "keep_checkpoints", "at least 1"))
@@ -118,6 +143,20 @@ class TrainConfig:
             precision=self.precision,
             lora_rank=self.lora.rank if self.lora else 0,
         )
+
+    def with_steps(self, rows: int, world_size: int) -> TrainConfig:
+        """This config with max_steps and warmup_steps settled: from num_train_epochs when
+        max_steps was not given (HF Trainer's count: each rank's share of the rows in micro
+        batches, whole accumulations per epoch, at least one), else 100; warmup from
+        warmup_ratio when warmup_steps is 0."""
+        steps = self.max_steps
+        if steps is None and self.num_train_epochs is not None:
+            batches = math.ceil(math.ceil(rows / world_size) / self.micro_batch_size)
+            per_epoch = max(batches // self.gradient_accumulation_steps, 1)
+            steps = math.ceil(self.num_train_epochs * per_epoch)
+        steps = steps or DEFAULT_MAX_STEPS
+        warmup = self.warmup_steps or math.ceil(steps * self.warmup_ratio)
+        return dataclasses.replace(self, max_steps=steps, warmup_steps=warmup)
 
     @property
     def output_dir(self) -> Path:
@@ -194,7 +233,14 @@ def load_train_config(path: str | Path | None, overrides: dict[str, Any]) -> Tra
         if not isinstance(raw, dict):
             raise SpecError(source, 1, "not a mapping of settings", "write `key: value` lines")
     merged = LineDict(1)
-    merged.update(raw)
-    merged.key_lines.update(getattr(raw, "key_lines", {}))
+    lines = getattr(raw, "key_lines", {})
+    for key, value in raw.items():
+        ours = HF_NAMES.get(key, key)  # HF's name for the same setting
+        if ours != key and ours in raw:
+            raise SpecError(source, lines.get(key), f"{key} and {ours} both set",
+                            f"keep one ({key} is HF's name for {ours})")  # fmt: skip
+        merged[ours] = value
+        if key in lines:
+            merged.key_lines[ours] = lines[key]
     merged.update({k: v for k, v in overrides.items() if v is not None})
     return _from_mapping(TrainConfig, merged, source, source)

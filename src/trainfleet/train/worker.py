@@ -16,6 +16,7 @@ exception", exit -6).
 from __future__ import annotations
 
 import base64
+import dataclasses
 import functools
 import json
 import os
@@ -31,8 +32,7 @@ from trainfleet.train.config import TrainConfig
 
 
 def deepspeed_json(config: TrainConfig, *, hidden_size: int, world_size: int) -> dict:
-    if config.deepspeed_config:
-        return json.loads(Path(config.deepspeed_config).read_text())
+    """The DeepSpeed config trainfleet writes for `config` (a user's JSON comes in the job)."""
     from trainfleet.plan.ds_config import deepspeed_config
 
     ds = deepspeed_config(
@@ -43,6 +43,49 @@ def deepspeed_json(config: TrainConfig, *, hidden_size: int, world_size: int) ->
     )
     ds["gradient_clipping"] = config.max_grad_norm
     return ds
+
+
+def training_arguments(config: TrainConfig, *, ds, on_cpu: bool, backend: str, fields) -> dict:
+    """HF TrainingArguments for this run, in the names transformers has now: activation
+    checkpointing is `activation_checkpointing` (transformers 5.x), `gradient_checkpointing`
+    only where the installed version predates it (the old name warns on every rank)."""
+    output = config.output_dir
+    kwargs = dict(
+        output_dir=str(output),
+        per_device_train_batch_size=config.micro_batch_size,
+        gradient_accumulation_steps=config.gradient_accumulation_steps,
+        max_steps=config.max_steps,
+        learning_rate=config.learning_rate,
+        warmup_steps=config.warmup_steps,
+        lr_scheduler_type=config.lr_scheduler,
+        weight_decay=config.weight_decay,
+        max_grad_norm=config.max_grad_norm,
+        bf16=config.precision == "bf16",
+        fp16=config.precision == "fp16",
+        logging_steps=config.logging_steps,
+        save_strategy="steps" if config.save_steps else "no",
+        save_steps=config.save_steps or 1,
+        save_total_limit=None,  # checkpoints.mark_complete keeps the last K complete ones
+        seed=config.seed,
+        data_seed=config.seed,
+        deepspeed=ds,
+        use_cpu=on_cpu,
+        ddp_backend=backend,
+        report_to=["tensorboard"],
+        # tokens/s counts real tokens: padding (attention_mask, or the pad id) is left out
+        include_num_input_tokens_seen="non_padding",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        remove_unused_columns=False,
+    )
+    names = {f.name for f in dataclasses.fields(fields)}
+    key = (
+        "activation_checkpointing"
+        if "activation_checkpointing" in names
+        else "gradient_checkpointing"
+    )
+    kwargs[key] = config.grad_ckpt
+    return kwargs
 
 
 def _trainer_class():
@@ -187,7 +230,9 @@ def main(encoded: str) -> int:
 
     nodes = _require_shared_output(Path(spec["cache"]), rank)
     hf_config = AutoConfig.from_pretrained(config.model)
-    ds = deepspeed_json(config, hidden_size=hf_config.hidden_size, world_size=world_size)
+    ds = spec.get("deepspeed") or deepspeed_json(
+        config, hidden_size=hf_config.hidden_size, world_size=world_size
+    )
     if rank == 0:
         output.mkdir(parents=True, exist_ok=True)
         (output / "deepspeed.json").write_text(json.dumps(ds, indent=2) + "\n")
@@ -200,33 +245,9 @@ def main(encoded: str) -> int:
     set_seed(config.seed)
     os.environ["TENSORBOARD_LOGGING_DIR"] = str(output / "tensorboard")  # HF's writer reads it
     args = TrainingArguments(
-        output_dir=str(output),
-        per_device_train_batch_size=config.micro_batch_size,
-        gradient_accumulation_steps=config.gradient_accumulation_steps,
-        max_steps=config.max_steps,
-        learning_rate=config.learning_rate,
-        warmup_steps=config.warmup_steps,
-        lr_scheduler_type=config.lr_scheduler,
-        weight_decay=config.weight_decay,
-        max_grad_norm=config.max_grad_norm,
-        bf16=config.precision == "bf16",
-        fp16=config.precision == "fp16",
-        gradient_checkpointing=config.grad_ckpt,
-        logging_steps=config.logging_steps,
-        save_strategy="steps" if config.save_steps else "no",
-        save_steps=config.save_steps or 1,
-        save_total_limit=None,  # checkpoints.mark_complete keeps the last K complete ones
-        seed=config.seed,
-        data_seed=config.seed,
-        deepspeed=ds,
-        use_cpu=on_cpu,
-        ddp_backend=backend,
-        report_to=["tensorboard"],
-        # tokens/s counts real tokens: padding (attention_mask, or the pad id) is left out
-        include_num_input_tokens_seen="non_padding",
-        disable_tqdm=True,
-        dataloader_num_workers=0,
-        remove_unused_columns=False,
+        **training_arguments(
+            config, ds=ds, on_cpu=on_cpu, backend=backend, fields=TrainingArguments
+        )
     )
     dtype = getattr(torch, TORCH_DTYPES[config.precision])
     with hostmem.LoadMemory() as loading:
