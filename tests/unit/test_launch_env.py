@@ -238,3 +238,16 @@ def test_master_addr_is_checked_like_a_host():
     assert LaunchOptions(command=("t.py",), master_addr="10.0.0.5").master_addr == "10.0.0.5"
     with pytest.raises(SpecError, match="--master_addr"):
         LaunchOptions(command=("t.py",), master_addr="10.0.0.5;reboot")
+
+
+def test_the_preflight_lets_an_interface_mismatch_through_since_every_node_gets_its_own():
+    """Doctor reports one NCCL_SOCKET_IFNAME for nodes whose interfaces differ as an error; the
+    launch sets each node's own interface over it, so it does not stop the launch."""
+    from trainfleet.doctor import DoctorReport
+    from trainfleet.doctor.findings import Finding, Severity
+    from trainfleet.launch import blocking
+
+    mismatch = Finding(id="iface-mismatch", severity=Severity.ERROR, nodes=("gpu-node-2",))
+    firewall = Finding(id="firewall-blocks-ports", severity=Severity.ERROR, nodes=("gpu-node-1",))
+    report = DoctorReport(findings=[mismatch, firewall], nodes={})
+    assert blocking(report) == [firewall]

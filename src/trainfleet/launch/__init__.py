@@ -59,10 +59,12 @@ from trainfleet.remote import run_on_nodes
 
 __all__ = ["LaunchOptions", "LaunchPlan", "LaunchResult", "RunState", "launch", "prepare"]
 
-HANDLED_BY_LAUNCH = ("port-in-use", "hostname-loopback")
+HANDLED_BY_LAUNCH = ("port-in-use", "hostname-loopback", "iface-mismatch")
 """Findings the launch resolves itself: a busy master port (it moves to a free one), a host
 name that resolves to loopback (MASTER_ADDR is an address and gloo/NCCL get an interface, so
-no rank binds or connects by that name)."""
+no rank binds or connects by that name), one interface variable for nodes whose interfaces
+differ (every node's ranks get NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME set to its own interface,
+over the launch shell's, cluster.yaml's and the login shell's; the plan says so per node)."""
 
 
 class PreflightFailed(TrainfleetError):
