@@ -199,3 +199,16 @@ def test_no_rank_prints_c10d_s_client_hostname_warning(box, tmp_path):
     )
     assert code == 0, out
     assert "hostname of the client socket cannot be retrieved" not in out, out
+
+
+@NEEDS_DEEPSPEED
+def test_deepspeed_backend_with_one_remote_node_runs_there_not_here(box, tmp_path):
+    """`-i gpu-node-2`: DeepSpeed's runner alone would start that node's ranks on the launching
+    machine; trainfleet passes --force_multi, and the rank runs on gpu-node-2."""
+    code, out = trainfleet(
+        box, "--backend=deepspeed", "-i", "gpu-node-2", "--run-dir", str(tmp_path / "run"),
+        "--", str(SCRIPTS / "print_env.py"), "TRAINFLEET_NODE", "GLOO_SOCKET_IFNAME",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert code == 0, out
+    assert "[gpu-node-2:0] rank 0: TRAINFLEET_NODE=gpu-node-2 GLOO_SOCKET_IFNAME=ens14f1" in out
