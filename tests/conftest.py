@@ -53,3 +53,15 @@ def make_sandbox():
     yield _make
     for name in made:
         sandbox.down(name)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_doctor_tokens_left_in_the_launch_directory():
+    """Doctor's shared-storage tokens (.trainfleet-doctor-RUN_ID) are removed by every run; a
+    run that leaves one in the directory the tests run from fails the session here."""
+    from pathlib import Path
+
+    before = set(Path.cwd().glob(".trainfleet-doctor-*"))
+    yield
+    left = sorted(str(p) for p in set(Path.cwd().glob(".trainfleet-doctor-*")) - before)
+    assert not left, f"doctor runs left their tokens behind: {left}"

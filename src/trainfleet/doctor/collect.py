@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 
 from trainfleet import probe
 from trainfleet.cluster import Cluster, Node
-from trainfleet.remote import NodeResult, run_on_nodes, ssh_hostnames, ssh_options
+from trainfleet.remote import Failure, NodeResult, run_on_nodes, ssh_hostnames, ssh_options
 
 EPHEMERAL_PORTS = (40000, 60000)
 """Where the test listeners go: inside Linux's default ip_local_port_range (32768-60999),
@@ -157,17 +157,14 @@ def collect(cluster: Cluster, *, quick: bool = False, seed: int | None = None) -
     budget = PAIR_CONNECT_TIMEOUT_S + 2 * START_SKEW_S + (5 if quick else PEER_SSH_LIMIT_S + 20)
     if not quick:  # each probe makes N ssh handshakes: more time when N is large
         budget += PROBE_SECONDS_PER_NODE * len(cluster.nodes)
-    for node, result in zip(
-        cluster.nodes,
-        run_on_nodes(cluster.nodes, argv, stdin=payloads, timeout=budget),
-        strict=True,
-    ):
+    results = run_on_nodes(cluster.nodes, argv, stdin=payloads, timeout=budget)
+    for node, result in zip(cluster.nodes, results, strict=True):
         facts = _fact_sheet(result) if result.ok else None
         if facts is None:
             survey.failed[node.host] = result
         else:
             survey.facts[node.host] = facts
-    _remove_tokens(cluster, survey, params)
+    _remove_tokens(cluster, results, params)
     return survey
 
 
@@ -181,13 +178,15 @@ def _fact_sheet(result: NodeResult) -> dict | None:
     return None
 
 
-def _remove_tokens(cluster: Cluster, survey: Survey, params: dict[str, dict]) -> None:
-    """The shared-storage tokens: removed from every node that wrote one."""
-    nodes = [
-        n
-        for n in cluster.nodes
-        if survey.facts.get(n.host, {}).get("active", {}).get("token") == "written"
-    ]
+PROBE_RAN = (Failure.NONE, Failure.TIMED_OUT, Failure.COMMAND_FAILED)
+"""Outcomes after which a node's probe may have written its shared-storage token."""
+
+
+def _remove_tokens(cluster: Cluster, results: list[NodeResult], params: dict[str, dict]) -> None:
+    """The shared-storage tokens: removed from every node whose probe ran, also where it timed
+    out or its fact sheet did not come back (such runs left .trainfleet-doctor-* behind)."""
+    ran = {r.node for r in results if r.failure in PROBE_RAN}
+    nodes = [n for n in cluster.nodes if n.host in ran and params[n.host]["peers"]]
     if nodes:
         token_dir = {
             n.host: [
