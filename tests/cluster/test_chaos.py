@@ -137,7 +137,7 @@ def test_sigkill_of_every_process_on_a_node(make_sandbox, tmp_path, assets, refe
         if not cmdline(pid).startswith("sshd: /usr/sbin/sshd"):  # the node's sshd daemon stays
             os.kill(pid, signal.SIGKILL)
     detected = run.when(r"gpu-node-2 failed") - injected
-    print(f"detected after {detected:.1f} s")  # the figure in the README (-v -s)
+    print(f"detected after {detected:.1f} s")  # the figure in docs/status.md (-v -s)
     assert detected < 5, detected
     _restarted_to_the_same_losses(run, reference, "rank-crashed")
 
@@ -154,7 +154,7 @@ def test_a_stopped_rank_is_a_hang(make_sandbox, tmp_path, assets, reference):
     injected = time.time()
     os.kill(victim, signal.SIGSTOP)
     detected = run.when(r"no rank advanced a step for") - injected
-    print(f"detected after {detected:.1f} s")  # the figure in the README (-v -s)
+    print(f"detected after {detected:.1f} s")  # the figure in docs/status.md (-v -s)
     assert detected < HANG_TIMEOUT_S + 3, detected
     run.when(r"behind at step \d+: gpu-node-2 rank 1: stopped \(SIGSTOP", timeout=30)
     _restarted_to_the_same_losses(run, reference, "rank-hung")
@@ -170,7 +170,7 @@ def test_the_ssh_connection_to_a_node_killed(make_sandbox, tmp_path, assets, ref
     injected = time.time()
     os.kill(int(ssh[0]), signal.SIGKILL)
     detected = run.when(r"gpu-node-2 failed \(its connection ended") - injected
-    print(f"detected after {detected:.1f} s")  # the figure in the README (-v -s)
+    print(f"detected after {detected:.1f} s")  # the figure in docs/status.md (-v -s)
     assert detected < 3, detected
     _restarted_to_the_same_losses(run, reference, "rank-crashed")
 
@@ -189,7 +189,7 @@ def test_a_node_link_down_then_back(make_sandbox, tmp_path, assets, reference):
     try:
         first = run.when(r"no rank advanced a step for|gpu-node-2 failed")
         detected = first - injected
-        print(f"detected after {detected:.1f} s")  # the figure in the README (-v -s)
+        print(f"detected after {detected:.1f} s")  # the figure in docs/status.md (-v -s)
         assert detected < HANG_TIMEOUT_S + 3, detected
         run.when(r"every rank on every node stopped|restart 1 of 1")
     finally:
@@ -208,7 +208,7 @@ def test_ctrl_c_stops_everything_and_the_same_command_resumes(
     injected = time.time()
     os.killpg(run.proc.pid, signal.SIGINT)  # the terminal sends it to the foreground group
     detected = run.when(r"interrupted") - injected
-    print(f"detected after {detected:.1f} s")  # the figure in the README (-v -s)
+    print(f"detected after {detected:.1f} s")  # the figure in docs/status.md (-v -s)
     assert detected < 2, detected
     assert run.finish() == 130, run.text()
     assert "restart" not in run.text()
@@ -243,7 +243,7 @@ def test_the_output_filling_up_at_a_checkpoint(make_sandbox, tmp_path, assets, r
         size = f"size={used + checkpoint // 2}"
         subprocess.run(["mount", "-o", f"remount,{size}", str(output)], check=True)
         detected = run.when(r"failed \(exit code") - injected
-        print(f"detected after {detected:.1f} s")  # the figure in the README (-v -s)
+        print(f"detected after {detected:.1f} s")  # the figure in docs/status.md (-v -s)
         assert detected < 10, detected
         assert (output / "latest").read_text().strip() == "checkpoint-8"
         assert not (output / "checkpoint-16").exists()

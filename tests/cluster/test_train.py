@@ -98,7 +98,7 @@ def test_zero3_loads_without_a_full_copy_of_the_model_on_any_rank(make_sandbox, 
         assert [r["node"] for r in reports[stage]["ranks"]] == [
             "gpu-node-1", "gpu-node-1", "gpu-node-2", "gpu-node-2"
         ]  # fmt: skip
-    for stage, report in reports.items():  # shown with -s: the figures in the README
+    for stage, report in reports.items():  # shown with -s: the figures in docs/train.md
         print(f"ZeRO-{stage}:", [(r["peak_anon_bytes"] >> 10, r["after_anon_bytes"] >> 10)
                                  for r in report["ranks"]], "KiB (peak, after)")  # fmt: skip
     full = reports["3"]["full_copy_bytes"]
