@@ -1,4 +1,4 @@
-"""Print README's table: trainfleet plan against DeepSpeed's estimator for the seeds' cases.
+"""Print docs/plan.md's table: trainfleet plan against DeepSpeed's estimator for the seeds' cases.
 
 .venv/bin/python examples/seed_plans.py
 """

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import os
 import time
 from pathlib import Path
 
@@ -28,3 +30,20 @@ def assets(tmp_path_factory) -> dict[str, Path]:
     demo_assets.write_tokenizer(root / "model")
     demo_assets.write_model(root / "model", tokenizer_dir=root / "model", seed=0)
     return {"model": root / "model", "data": demo_assets.write_dataset(root / "data.jsonl", n=400)}
+
+
+_module_names = itertools.count(1)
+
+
+@pytest.fixture(scope="module")
+def module_sandbox(request):
+    """One sandbox for a whole module whose tests run one after the other on the same cluster,
+    shaped by the module's SANDBOX dict (`sandbox.up`'s arguments); down after the module."""
+    from trainfleet import sandbox
+
+    name = f"m{os.getpid() % 1000:03d}{next(_module_names):04d}"  # unique, 8 chars
+    made = sandbox.up(name=name, **request.module.SANDBOX)
+    try:
+        yield made
+    finally:
+        sandbox.down(name)

@@ -32,17 +32,13 @@ NEEDS_DEEPSPEED = pytest.mark.skipif(
 )
 
 
-@pytest.fixture(scope="module")
-def box():
-    """One sandbox for the module: every command here runs on it, one after the other."""
-    from trainfleet import sandbox
+SANDBOX = {"nodes": 3, "ifnames": IFNAMES}
+"""The module's one sandbox (conftest's module_sandbox)."""
 
-    name = f"m{os.getpid() % 10000:04d}"
-    made = sandbox.up(name=name, nodes=3, ifnames=IFNAMES)
-    try:
-        yield made
-    finally:
-        sandbox.down(name)
+
+@pytest.fixture(scope="module")
+def box(module_sandbox):
+    return module_sandbox
 
 
 def trainfleet(box, *args: str, cwd: Path, env: dict | None = None) -> tuple[int, str]:

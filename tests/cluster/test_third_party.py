@@ -14,7 +14,6 @@ false are what any CPU run of it needs.
 from __future__ import annotations
 
 import importlib.util
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -31,16 +30,13 @@ pytestmark = [
 IFNAMES = ["ens14f0", "ens14f1"]
 
 
-@pytest.fixture(scope="module")
-def box():
-    from trainfleet import sandbox
+SANDBOX = {"nodes": 2, "ifnames": IFNAMES}
+"""The module's one sandbox (conftest's module_sandbox)."""
 
-    name = f"p{os.getpid() % 10000:04d}"
-    made = sandbox.up(name=name, nodes=2, ifnames=IFNAMES)
-    try:
-        yield made
-    finally:
-        sandbox.down(name)
+
+@pytest.fixture(scope="module")
+def box(module_sandbox):
+    return module_sandbox
 
 
 @pytest.fixture(scope="module")

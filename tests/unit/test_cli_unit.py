@@ -124,7 +124,7 @@ def test_unknown_subcommand_is_a_usage_error(capsys):
     assert exit_.value.code == 2
 
 
-HEAVY = ("torch", "deepspeed", "transformers")
+HEAVY = ("torch", "deepspeed", "transformers", "trainfleet.train")  # the training code too
 
 
 @pytest.mark.skipif(find_spec("torch") is None, reason="torch is not installed: nothing to catch")

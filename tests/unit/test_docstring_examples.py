@@ -25,6 +25,7 @@ MODULES = [
     "trainfleet.plan.zero",
     "trainfleet.commtest.formulas",
     "trainfleet.heartbeat",
+    "trainfleet.hf_names",
     "trainfleet.launch.entry",
     "trainfleet.launch.environment",
     "trainfleet.train.user_deepspeed",

@@ -9,7 +9,7 @@ import warnings
 import pytest
 
 from trainfleet.cli.main import build_parser
-from trainfleet.cli.train_cmd import FLAGS, hf_booleans
+from trainfleet.cli.train_cmd import config_from_args
 from trainfleet.errors import SpecError, TrainfleetError
 from trainfleet.train.config import load_train_config
 from trainfleet.train.user_deepspeed import check_user_deepspeed
@@ -26,10 +26,7 @@ HF_COMMAND = (
 
 
 def _config(argv: str):
-    args = build_parser().parse_args(argv.split())
-    overrides = {n: getattr(args, n) for n in [*FLAGS, "grad_ckpt", "packing", "export"]}
-    overrides.update(hf_booleans(args))
-    return load_train_config(args.config, overrides)
+    return config_from_args(build_parser().parse_args(argv.split()))
 
 
 def test_the_training_arguments_names_users_type_map_onto_trains_settings():

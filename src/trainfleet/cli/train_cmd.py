@@ -11,7 +11,7 @@ import json
 import sys
 
 from trainfleet.cli.common import CLUSTER_YAML_EXAMPLE, add_cluster_arguments, cluster_from_args
-from trainfleet.train.config import HF_NAMES
+from trainfleet.hf_names import HF_NAMES
 
 HELP = "multi-node SFT / continued pretraining of a Hugging Face causal LM with DeepSpeed ZeRO"
 DESCRIPTION = """\
@@ -119,6 +119,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = CLUSTER_YAML_EXAMPLE
 
 
+def config_from_args(args: argparse.Namespace):
+    """train.yaml (--config) with the flags given on top, HF's spellings included."""
+    from trainfleet.train import load_train_config
+
+    overrides = {name: getattr(args, name) for name in [*FLAGS, "grad_ckpt", "packing", "export"]}
+    overrides.update(hf_booleans(args))
+    return load_train_config(args.config, overrides)
+
+
 def hf_booleans(args: argparse.Namespace) -> dict:
     """--bf16/--fp16/--gradient_checkpointing as the settings they are here."""
     from trainfleet.errors import TrainfleetError
@@ -145,11 +154,9 @@ def hf_booleans(args: argparse.Namespace) -> dict:
 def run(args: argparse.Namespace) -> int:
     from trainfleet.cli.launch_cmd import _render_findings, render_outcome
     from trainfleet.launch import PreflightFailed
-    from trainfleet.train import load_train_config, run_train
+    from trainfleet.train import run_train
 
-    overrides = {name: getattr(args, name) for name in [*FLAGS, "grad_ckpt", "packing", "export"]}
-    overrides.update(hf_booleans(args))
-    config = load_train_config(args.config, overrides)
+    config = config_from_args(args)
     cluster = cluster_from_args(args)
     try:
         result, plan = run_train(

@@ -136,8 +136,7 @@ def plan_deepspeed(
         env, env_notes = node_env(cluster, node.host, facts.get(node.host, NodeFacts()), user)
         notes += env_notes
         # DeepSpeed's launch sets CUDA_VISIBLE_DEVICES from --include.
-        for built in (env.values, env.sources):
-            built.pop("CUDA_VISIBLE_DEVICES", None)
+        env.drop("CUDA_VISIBLE_DEVICES")
         table.append(
             {
                 "host": node.host,

@@ -60,6 +60,10 @@ class EnvBuilder:
             self.values[key] = value
             self.sources[key] = source
 
+    def drop(self, key: str) -> None:
+        self.values.pop(key, None)
+        self.sources.pop(key, None)
+
 
 def is_forwarded(name: str) -> bool:
     return name in FORWARDED or name.startswith(FORWARDED_PREFIXES + RUNNER_EXPORTS)

@@ -19,22 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from trainfleet.errors import SpecError, TrainfleetError
+from trainfleet.hf_names import HF_NAMES
 from trainfleet.plan.memory import TrainSetup
 from trainfleet.spec_yaml import LineDict, load_yaml_with_lines
 
 SCHEDULERS = ("cosine", "linear", "constant_with_warmup")
-HF_NAMES = {
-    "model_name_or_path": "model",
-    "output_dir": "output",
-    "per_device_train_batch_size": "micro_batch_size",
-    "lr_scheduler_type": "lr_scheduler",
-    "save_total_limit": "keep_checkpoints",
-    "deepspeed": "deepspeed_config",
-}
-"""HF TrainingArguments names that are another setting's here (flags and train.yaml keys).
-Names HF and trainfleet share (learning_rate, max_steps, num_train_epochs, warmup_steps,
-warmup_ratio, gradient_accumulation_steps, save_steps, logging_steps, weight_decay,
-max_grad_norm, seed) are the same."""
 DEFAULT_MAX_STEPS = 100
 """Steps when neither max_steps nor num_train_epochs is given."""
 
