@@ -4,6 +4,7 @@ on the launch node, and TrainingArguments built without deprecation warnings."""
 from __future__ import annotations
 
 import json
+import types
 import warnings
 
 import pytest
@@ -78,10 +79,11 @@ def test_train_yaml_takes_hf_names_too(tmp_path):
 @pytest.mark.parametrize(
     ("rows", "world", "micro", "accum", "epochs", "steps"),
     [
-        (4518, 2, 8, 1, 1.0, 283),  # ceil(ceil(4518 / 2) / 8)
-        (4518, 2, 8, 4, 1.0, 70),  # 283 batches // 4 whole accumulations
-        (4518, 2, 8, 4, 2.5, 175),  # ceil(2.5 x 70)
+        (4518, 2, 8, 1, 1.0, 283),  # ceil(4518 / (2 x 8)) batches per rank
+        (4518, 2, 8, 4, 1.0, 71),  # 283 batches: 70 whole accumulations and one begun
+        (4518, 2, 8, 4, 2.5, 178),  # ceil(2.5 x 71)
         (10, 16, 1, 8, 3.0, 3),  # fewer batches than one accumulation: 1 step per epoch
+        (400, 2, 4, 1, 0.3, 15),  # the sandbox export test's shape
     ],
 )
 def test_epochs_become_steps_as_hf_trainer_counts_them(rows, world, micro, accum, epochs, steps):
@@ -91,17 +93,44 @@ def test_epochs_become_steps_as_hf_trainer_counts_them(rows, world, micro, accum
          "gradient_accumulation_steps": accum, "num_train_epochs": epochs},
     )  # fmt: skip
     assert config.with_steps(rows, world).max_steps == steps
+    assert _hf_steps(rows, world, micro, accum, epochs) == steps
 
 
-def test_max_steps_wins_over_epochs_and_warmup_ratio_fills_warmup_steps():
+def _hf_steps(rows: int, world: int, micro: int, accum: int, epochs: float) -> int:
+    """HF Trainer's own count: accelerate's sharded batch sampler (what each rank iterates)
+    and transformers' `Trainer.set_initial_training_values`."""
+    from accelerate.data_loader import BatchSamplerShard
+    from torch.utils.data import BatchSampler, SequentialSampler
+    from transformers import Trainer
+
+    batches = BatchSampler(SequentialSampler(range(rows)), micro, drop_last=False)
+    loader = BatchSamplerShard(batches, num_processes=world, process_index=0)
+    trainer = types.SimpleNamespace(
+        get_total_train_batch_size=lambda args: micro * accum * world,
+        get_sp_size=lambda: 1,
+        num_examples=lambda dataloader: rows,
+    )
+    args = types.SimpleNamespace(
+        max_steps=-1, num_train_epochs=epochs, gradient_accumulation_steps=accum
+    )
+    return Trainer.set_initial_training_values(trainer, args, loader)[-1]
+
+
+def test_max_steps_wins_over_epochs_and_warmup_is_counted_as_hf_counts_it():
     base = {"model": "m", "data": "d", "output": "o"}
     config = load_train_config(None, {**base, "max_steps": 40, "num_train_epochs": 9.0})
     assert config.with_steps(1000, 2).max_steps == 40
     ratio = load_train_config(None, {**base, "max_steps": 100, "warmup_ratio": 0.03})
-    assert ratio.with_steps(1000, 2).warmup_steps == 3  # ceil(100 x 0.03), as HF
+    assert ratio.with_steps(1000, 2).warmup_steps == 3  # ceil(100 x 0.03), HF 4's name
+    share = load_train_config(None, {**base, "max_steps": 100, "warmup_steps": 0.05})
+    assert share.with_steps(1000, 2).warmup_steps == 5  # HF 5: warmup_steps < 1 is a share
     both = load_train_config(None, {**base, "warmup_steps": 7, "warmup_ratio": 0.5})
     assert both.with_steps(1000, 2).warmup_steps == 7
     assert load_train_config(None, base).with_steps(1000, 2).max_steps == 100
+    with pytest.raises(TrainfleetError, match="warmup_steps"):
+        load_train_config(None, {**base, "warmup_steps": 0.1, "warmup_ratio": 0.1})
+    hf_share = _config("train --model m --data d --output o --warmup_steps 0.1")
+    assert hf_share.warmup_steps == 0.1
 
 
 SETTINGS = {"micro_batch_size": 4, "gradient_accumulation_steps": 2, "precision": "bf16",

@@ -37,7 +37,7 @@ FLAGS = {
     "gradient_accumulation_steps": int,
     "seq_len": int,
     "learning_rate": float,
-    "warmup_steps": int,
+    "warmup_steps": float,
     "warmup_ratio": float,
     "lr_scheduler": str,
     "weight_decay": float,

@@ -79,9 +79,10 @@ class TrainConfig:
     seq_len: int = 2048
     """Tokens per sequence (packed sequences are exactly this long)."""
     learning_rate: float = 2e-5
-    warmup_steps: int = 0
+    warmup_steps: float = 0
+    """Warmup steps; below 1, a share of the steps (HF 5's rule: ceil(steps x w))."""
     warmup_ratio: float = 0.0
-    """Warmup as a share of the steps, when warmup_steps is 0 (HF's rule: ceil(steps x r))."""
+    """Warmup as a share of the steps, when warmup_steps is 0 (HF 4's name; ceil(steps x r))."""
     lr_scheduler: str = "cosine"
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
@@ -113,6 +114,8 @@ class TrainConfig:
         epochs = self.num_train_epochs
         checks.append((epochs is None or epochs > 0, "num_train_epochs", "a positive number"))
         checks.append((0 <= self.warmup_ratio < 1, "warmup_ratio", "0 <= r < 1"))
+        checks.append((not (0 < self.warmup_steps < 1 and self.warmup_ratio), "warmup_steps",
+                       "a step count when warmup_ratio is given (one share, not two)"))  # fmt: skip
         for name in ("save_steps", "warmup_steps"):
             checks.append((getattr(self, name) >= 0, name, "0 or more"))
         checks.append((self.keep_checkpoints >= 1, "keep_checkpoints", "at least 1"))
@@ -135,16 +138,21 @@ class TrainConfig:
 
     def with_steps(self, rows: int, world_size: int) -> TrainConfig:
         """This config with max_steps and warmup_steps settled: from num_train_epochs when
-        max_steps was not given (HF Trainer's count: each rank's share of the rows in micro
-        batches, whole accumulations per epoch, at least one), else 100; warmup from
-        warmup_ratio when warmup_steps is 0."""
+        max_steps was not given, else 100; warmup as HF counts it (a whole number of steps, or
+        ceil(steps x share) for a warmup_steps below 1 or a warmup_ratio).
+
+        The steps are HF Trainer's (transformers 5.23 `set_initial_training_values`): each
+        rank's batches per epoch are ceil(rows / (world x micro batch)); an accumulation begun
+        at the end of an epoch is a step, with at least one per epoch; then
+        ceil(epochs x steps per epoch)."""
         steps = self.max_steps
         if steps is None and self.num_train_epochs is not None:
-            batches = math.ceil(math.ceil(rows / world_size) / self.micro_batch_size)
-            per_epoch = max(batches // self.gradient_accumulation_steps, 1)
+            batches = math.ceil(rows / (world_size * self.micro_batch_size))
+            per_epoch = max(math.ceil(batches / self.gradient_accumulation_steps), 1)
             steps = math.ceil(self.num_train_epochs * per_epoch)
         steps = steps or DEFAULT_MAX_STEPS
-        warmup = self.warmup_steps or math.ceil(steps * self.warmup_ratio)
+        share = self.warmup_steps if 0 < self.warmup_steps < 1 else self.warmup_ratio
+        warmup = int(self.warmup_steps) or math.ceil(steps * share)
         return dataclasses.replace(self, max_steps=steps, warmup_steps=warmup)
 
     @property

@@ -199,6 +199,12 @@ def main(encoded: str) -> int:
     # DeepSpeed 0.19.8 calls c10d's old names on every collective; the warning says nothing a
     # user can act on and, repeated per call, buried the job's own output.
     warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated")
+    # peft 0.21 reads `model.is_gradient_checkpointing` (transformers 5 renamed it) in
+    # get_peft_model and PeftModel.from_pretrained: its call, not ours, and a FutureWarning on
+    # every LoRA rank, twice.
+    warnings.filterwarnings(
+        "ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning
+    )
     spec = json.loads(base64.b64decode(encoded))
     config = TrainConfig.from_json(spec["config"])
     output = config.output_dir
