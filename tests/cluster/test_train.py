@@ -191,10 +191,17 @@ def test_lora_export_is_the_base_with_the_adapters_merged(make_sandbox, tmp_path
     box = make_sandbox(nodes=2, slots=1)
     config = tmp_path / "train.yaml"
     config.write_text("lora:\n  rank: 4\n  alpha: 8\n")
-    code, out = _train(box.cluster_file, assets, tmp_path / "out", "--config", str(config),
-                       "--max-steps", "4", "--zero", "3", "--learning-rate", "1e-2",
-                       "--precision", "fp32")  # fmt: skip
-    assert code == 0, out
+    proc = _train(box.cluster_file, assets, tmp_path / "out", "--config", str(config),
+                  "--max-steps", "4", "--zero", "3", "--learning-rate", "1e-2",
+                  "--precision", "fp32", "--json", wait=False)  # fmt: skip
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out
+    # --json: the progress went to stderr (merged into `out` here), the outcome is the last
+    # JSON document, with train's own fields beside launch's.
+    outcome = json.loads(out[out.rindex("\n{") :])
+    assert outcome["state"] == "done" and outcome["exit_code"] == 0, outcome
+    assert outcome["last_step"] == 4 and outcome["last_loss"] == _losses(tmp_path / "out")[4]
+    assert outcome["final"] == str(tmp_path / "out" / "final")
     from transformers import AutoModelForCausalLM
 
     assert (tmp_path / "out" / "adapter" / "adapter_config.json").exists()

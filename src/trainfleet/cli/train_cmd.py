@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from trainfleet.cli.common import CLUSTER_YAML_EXAMPLE, add_cluster_arguments, cluster_from_args
 from trainfleet.hf_names import HF_NAMES
@@ -151,6 +152,28 @@ def hf_booleans(args: argparse.Namespace) -> dict:
     return found
 
 
+def outcome_of(output: str) -> dict:
+    """What --json adds to the launch outcome: where the run wrote, its last logged step and
+    loss (OUTPUT/metrics.jsonl, None before the first), and the export (None until written)."""
+    last = {}
+    metrics = Path(output) / "metrics.jsonl"
+    if metrics.exists():
+        for line in metrics.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue  # a line cut short by a kill
+            if isinstance(row, dict) and "loss" in row:
+                last = row
+    final = Path(output) / "final"
+    return {
+        "output": output,
+        "last_step": last.get("step"),
+        "last_loss": last.get("loss"),
+        "final": str(final) if (final / "config.json").exists() else None,
+    }
+
+
 def run(args: argparse.Namespace) -> int:
     from trainfleet.cli.launch_cmd import _render_findings, render_outcome
     from trainfleet.launch import PreflightFailed
@@ -176,7 +199,7 @@ def run(args: argparse.Namespace) -> int:
         print("\n".join(_render_findings(exc.report.findings)), file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps({**result.to_json(), "output": config.output}, indent=2))
+        print(json.dumps({**result.to_json(), **outcome_of(config.output)}, indent=2))
     else:
         print(render_outcome(result, plan), file=sys.stderr)
     return result.exit_code
