@@ -29,6 +29,9 @@ import time
 PROBE_VERSION = 1
 ENV_PREFIXES = ("NCCL_", "GLOO_", "MASTER_", "TORCH_", "CUDA_", "DS_", "TP_SOCKET", "PDSH_")
 TOOLS = ("nvcc", "ninja", "torchrun", "deepspeed", "pdsh", "nvidia-smi", "gcc")
+CLIENT_NAME_LIMIT_S = 2.0
+"""How long the master's reverse lookups of its clients may take (each rank's connection to
+c10d's store pays one)."""
 PACKAGES = ("torch", "deepspeed", "transformers", "accelerate", "datasets", "peft")
 IMPORT_SCRIPT = r"""
 import json, sys
@@ -82,6 +85,34 @@ def resolve(name):
         if addr not in seen:
             seen.append(addr)
     return {"addresses": seen}
+
+
+def client_names(addresses, limit):
+    """What c10d's TCPStore on this node (the master) gets when it names a client: it listens on
+    both stacks, so a client at A is ::ffff:A, and getnameinfo fails with EAI_AGAIN (c10d's
+    `err=-3`) when no hosts entry names that form and no DNS server answers. Per address:
+    {"name"} or {"error"}, with the seconds it took; one thread each, bounded by `limit`."""
+    found = {}
+
+    def lookup(address):
+        start = time.time()
+        try:
+            name = socket.getnameinfo(("::ffff:" + address, 0, 0, 0), socket.NI_NUMERICSERV)[0]
+            found[address] = {"name": name}
+        except (OSError, ValueError) as exc:
+            found[address] = {"error": str(exc)}
+        found[address]["seconds"] = round(time.time() - start, 3)
+
+    threads = [threading.Thread(target=lookup, args=(a,), daemon=True) for a in addresses]
+    for thread in threads:
+        thread.start()
+    deadline = time.time() + limit
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.time()))
+    return {
+        a: dict(found.get(a) or {"error": "no answer in %gs" % limit, "seconds": limit})
+        for a in addresses
+    }
 
 
 def interfaces():
@@ -629,6 +660,7 @@ def main(params):
         },
         "interfaces": interfaces(),
         "route_to_master": route_to(params.get("master_addr")),
+        "client_names": client_names(params.get("client_addresses", []), CLIENT_NAME_LIMIT_S),
         "listening": listening(set(params.get("owner_ports", []))),
         "firewall": firewall(),
         "ipv6_disabled": read_first("/proc/sys/net/ipv6/conf/all/disable_ipv6"),

@@ -63,6 +63,7 @@ def test_clean_sandbox_has_no_errors_and_json_names_nodes_as_in_the_spec(make_sa
     report = json.loads(capsys.readouterr().out)
     assert code == 0, report["findings"]
     assert [f for f in report["findings"] if f["severity"] == "error"] == []
+    assert not [f for f in report["findings"] if f["id"] == "hostname-unresolvable"]
     assert list(report["nodes"]) == ["gpu-node-1", "gpu-node-2", "gpu-node-3"]
     chosen = [report["nodes"][f"gpu-node-{k}"]["interface"] for k in (1, 2, 3)]
     assert chosen == IFNAMES  # what trainfleet sets per node: the route to the master
@@ -108,12 +109,17 @@ def test_environment_name_link_and_hostkey_faults(make_sandbox):
             "remote-env-differs@4",
             "hostname-unresolvable@5",
             "firewall-ssh-only@5",
+            "client-name-unresolvable@1",
         ],
     )
     report = _doctor(box.cluster_file)
     assert _nodes(report, "ssh-hostkey-unknown", Severity.ERROR) == {"gpu-node-2"}
     assert _nodes(report, "remote-env-differs") == {"gpu-node-4"}
     assert _nodes(report, "hostname-unresolvable", Severity.ERROR) == {"gpu-node-5"}
+    # c10d's err=-3: the master cannot name its clients' IPv4-mapped addresses (no DNS here).
+    assert _nodes(report, "hostname-unresolvable", Severity.WARNING) == {"gpu-node-1"}
+    (unnamed,) = [f for f in _by_id(report)["hostname-unresolvable"] if "::ffff:" in f.fix]
+    assert len([e for e in unnamed.evidence if "has no name" in e]) == 5, unnamed.evidence
     assert _nodes(report, "firewall-blocks-ports") == {"gpu-node-5"}
     assert "master port" not in _by_id(report)["firewall-blocks-ports"][0].evidence[0]
 

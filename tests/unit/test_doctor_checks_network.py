@@ -175,6 +175,23 @@ def test_hostname_unresolvable_master_name_is_a_warning(survey):
     )
 
 
+def test_clients_without_a_name_on_the_master_are_c10ds_err_3(survey):
+    n3 = survey.addresses[N3]
+    named = {a: {"name": f"{h}-ipv4-mapped", "seconds": 0.001}
+             for h, a in survey.addresses.items()}  # fmt: skip
+    survey.facts[MASTER]["client_names"] = named
+    assert network.check_client_names(survey) == []
+    named[n3] = {"error": "[Errno -3] Temporary failure in name resolution", "seconds": 0.002}
+    expect_one(
+        network.check_client_names(survey),
+        "hostname-unresolvable",
+        Severity.WARNING,
+        (MASTER,),
+        evidence=[f"::ffff:{n3} ({N3})", "Errno -3", "err=-3"],
+        fix=[f"::ffff:{n3} {N3}-ipv4-mapped", "/etc/hosts", MASTER],
+    )
+
+
 def test_ipv6_only_master_name(survey):
     survey.facts[N3]["resolve"][MASTER] = {"addresses": ["fd00:10::11"]}
     expect_one(

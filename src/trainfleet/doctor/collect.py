@@ -120,6 +120,10 @@ def plan_params(
             "workdir": cluster.workdir or os.getcwd(),
             "listen_ports": listen[node.host] if multi else [],
             "owner_ports": [master_port],
+            # The master names its clients (c10d's store): every node's IPv4 address.
+            "client_addresses": sorted({a for a in addresses.values() if a and ":" not in a})
+            if multi and node.host == cluster.master
+            else [],
             "peers": [p for p in peers if p["address"]] if multi else [],
             "quick": quick,
             "connect_timeout": PAIR_CONNECT_TIMEOUT_S,

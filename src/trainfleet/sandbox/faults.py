@@ -60,6 +60,11 @@ FAULTS: dict[str, FaultKind] = {
     "hostname-unresolvable": FaultKind(
         "hostname-unresolvable", "last", "the node's own name is missing from its /etc/hosts"
     ),
+    "client-name-unresolvable": FaultKind(
+        "hostname-unresolvable",
+        "first",
+        "the master's /etc/hosts names no IPv4-mapped address (c10d's `err=-3` on every rank)",
+    ),
     "remote-env-differs": FaultKind(
         "remote-env-differs",
         "last",

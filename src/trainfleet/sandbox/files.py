@@ -81,7 +81,9 @@ def sshd_config_text(
     )
 
 
-def etc_hosts_text(nodes: list[SandboxNode], me: SandboxNode, *, own_name: str = "address") -> str:
+def etc_hosts_text(
+    nodes: list[SandboxNode], me: SandboxNode, *, own_name: str = "address", mapped: bool = True
+) -> str:
     """/etc/hosts of node `me`; its own name maps to its address, to 127.0.1.1 ('loopback',
     as Debian/Ubuntu installers write it) or nowhere ('absent').
 
@@ -89,15 +91,18 @@ def etc_hosts_text(nodes: list[SandboxNode], me: SandboxNode, *, own_name: str =
     both stacks, sees its clients as ::ffff:ADDRESS and asks the resolver for their names; with
     no entry (and no DNS in the sandbox) every rank printed `The hostname of the client socket
     cannot be retrieved. err=-3`. The names are distinct (HOST-ipv4-mapped), so that looking
-    up HOST still gives its IPv4 address alone."""
+    up HOST still gives its IPv4 address alone. `mapped=False` leaves them out (the
+    `client-name-unresolvable` fault)."""
     lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
-    lines.append("::ffff:127.0.0.1\tlocalhost-ipv4-mapped")
+    if mapped:
+        lines.append("::ffff:127.0.0.1\tlocalhost-ipv4-mapped")
     if own_name == "loopback":
         lines.append(f"127.0.1.1\t{me.hostname}")
     for node in nodes:
         if node is not me or own_name == "address":
             lines.append(f"{node.address}\t{node.hostname}")
-            lines.append(f"::ffff:{node.address}\t{node.hostname}-ipv4-mapped")
+            if mapped:
+                lines.append(f"::ffff:{node.address}\t{node.hostname}-ipv4-mapped")
     return "\n".join(lines) + "\n"
 
 

@@ -331,7 +331,8 @@ def _build(sandbox: Sandbox) -> None:
             own_name = "loopback"
         elif node.index in _faulted(sandbox, "hostname-unresolvable"):
             own_name = "absent"
-        hosts = files.etc_hosts_text(sandbox.nodes, node, own_name=own_name)
+        mapped = node.index not in _faulted(sandbox, "client-name-unresolvable")
+        hosts = files.etc_hosts_text(sandbox.nodes, node, own_name=own_name, mapped=mapped)
         _write(Path("/etc/netns") / ns / "hosts", hosts)
         bare_env = node.index in _faulted(sandbox, "remote-env-differs")
         shell = "/bin/sh" if bare_env else sandbox.login_shell

@@ -17,6 +17,7 @@ CHECKS = (
     network.check_firewall,
     network.check_port_in_use,
     network.check_hostnames,
+    network.check_client_names,
     network.check_interfaces,
     network.check_mtu,
     network.check_ipv6,

@@ -189,6 +189,39 @@ def check_hostnames(survey: Survey) -> list[Finding]:
     return findings
 
 
+def check_client_names(survey: Survey) -> list[Finding]:
+    """The master's names for its clients' IPv4-mapped addresses (c10d's `err=-3` line)."""
+    master = survey.cluster.master
+    lookups = survey.facts.get(master, {}).get("client_names") or {}
+    addresses = survey.addresses
+    node_of = {address: host for host, address in addresses.items() if address}
+    failed = {a: r for a, r in lookups.items() if "error" in r}
+    if not failed:
+        return []
+    evidence = [
+        f"on {master}, ::ffff:{a} ({node_of.get(a, 'a client')}) has no name: {r['error']}"
+        + (f" after {r['seconds']:.1f} s" if r.get("seconds", 0) >= 0.1 else "")
+        for a, r in sorted(failed.items())
+    ]
+    evidence.append(
+        "c10d's store listens on both stacks and names each client in that form: every rank "
+        "prints `The hostname of the client socket cannot be retrieved. err=-3`, and each "
+        "connection waits for the lookup"
+    )
+    lines = "; ".join(f"`::ffff:{a} {node_of.get(a, a)}-ipv4-mapped`" for a in sorted(failed))
+    return [
+        Finding(
+            id="hostname-unresolvable",
+            severity=Severity.WARNING,
+            nodes=(master,),
+            evidence=evidence,
+            fix=f"add {lines} to /etc/hosts on {master} (a name of its own for each: the node's"
+            " own name would then also resolve to the IPv6 form), or give it a DNS server that"
+            " answers",
+        )
+    ]
+
+
 def _configured(survey: Survey, host: str, key: str) -> tuple[str, str] | None:
     """(value, where it comes from) of an interface variable for a node, if set anywhere."""
     node = survey.cluster.node(host)
