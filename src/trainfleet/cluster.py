@@ -360,6 +360,15 @@ def _resolve_path(value: str, base_dir: Path) -> str:
     return str(path if path.is_absolute() else (base_dir / path).resolve())
 
 
+_UNCHECKED_HOST_KEYS = re.compile(
+    r"StrictHostKeyChecking\s*[= ]\s*(?:no|off|false|accept-new)\b"
+    r"|UserKnownHostsFile\s*[= ]\s*/dev/null\b",
+    re.IGNORECASE,
+)
+"""ssh options that make ssh trust a host key it has never seen (ssh takes the first value of
+an option, so one in cluster.yaml would win over trainfleet's own -oStrictHostKeyChecking=yes)."""
+
+
 def _parse_ssh(raw: Any, source: str, line: int, base_dir: Path) -> SshOptions:
     if raw is None:
         return SshOptions()
@@ -381,6 +390,17 @@ def _parse_ssh(raw: Any, source: str, line: int, base_dir: Path) -> SshOptions:
             ):
                 raise SpecError(
                     source, at, "ssh options must be a list of strings", 'write ["-o", "K=V"]'
+                )
+            unchecked = _UNCHECKED_HOST_KEYS.search(" ".join(value))
+            if unchecked:
+                raise SpecError(
+                    source,
+                    at,
+                    f"ssh options turn host key checking off ({unchecked.group(0)}): any machine"
+                    " that answers for a node would get the job, its data and its secrets, and"
+                    " trainfleet's own strict checks would be overridden",
+                    "remove it: `trainfleet setup ssh` trusts every node's key once, after"
+                    " showing the fingerprints (or give it the keys with --known-hosts FILE)",
                 )
             values[key] = tuple(value)
         else:

@@ -122,7 +122,9 @@ def test_password_only_servers_get_full_trust_and_a_second_run_changes_nothing(
     assert _tree(*homes) == state
 
 
-def test_a_changed_host_key_is_shown_old_and_new_and_needs_a_yes(make_box, capsys, monkeypatch):
+def test_a_changed_host_key_is_shown_old_and_new_and_needs_more_than_yes(
+    make_box, capsys, monkeypatch
+):
     box = make_box(2, nodes=2, auth="password", faults=["ssh-hostkey-changed@2"])
     node_dir = box.state_dir / "nodes" / "gpu-node-2"
     old = fingerprint((node_dir / "previous_host_key.pub").read_text())
@@ -141,7 +143,16 @@ def test_a_changed_host_key_is_shown_old_and_new_and_needs_a_yes(make_box, capsy
     assert "changed host keys were not confirmed: nothing was changed" in err
     assert _tree(box.home, box.state_dir / "nodes") == before  # no key, no line, no login
 
-    code, out, err = _run([*argv, "--yes", "--json"], capsys, monkeypatch, stdin=password)
+    # --yes (what scripts pass for new keys) is still a no for a changed one (#17).
+    code, out, err = _run([*argv, "--yes"], capsys, monkeypatch, stdin=password)
+
+    assert code == 1
+    assert "--yes does not replace CHANGED host keys" in out
+    assert "--replace-changed-host-keys" in err
+    assert _tree(box.home, box.state_dir / "nodes") == before
+
+    explicit = [*argv, "--yes", "--replace-changed-host-keys", "--json"]
+    code, out, err = _run(explicit, capsys, monkeypatch, stdin=password)
 
     doc = json.loads(out)
     assert code == 0, (doc, err)
@@ -152,6 +163,30 @@ def test_a_changed_host_key_is_shown_old_and_new_and_needs_a_yes(make_box, capsy
     key = (node_dir / "ssh_host_ed25519_key.pub").read_text().split()[1]
     old_key = (node_dir / "previous_host_key.pub").read_text().split()[1]
     assert key in lines and old_key not in lines
+
+
+def test_a_node_that_says_its_hostname_is_a_pattern_is_not_trusted_under_it(
+    make_box, capsys, monkeypatch
+):
+    """Root on a node sets its hostname; `*` in known_hosts would trust that node's key for
+    every host this machine and the other nodes ever ssh to (#17)."""
+    box = make_box(6, nodes=2, auth="password")
+    sshd = (box.state_dir / "nodes" / "gpu-node-2" / "sshd.pid").read_text().strip()
+    subprocess.run(["nsenter", "-t", sshd, "-u", "hostname", "*"], check=True)
+    password = box.password_file.read_text()
+    argv = ["setup", "ssh", "-c", str(box.cluster_file), "--password-stdin", "--yes", "--json"]
+
+    code, out, err = _run(argv, capsys, monkeypatch, stdin=password)
+
+    doc = json.loads(out)
+    assert code == 0, (doc, err)
+    assert any("gpu-node-2 says its hostname is '*'" in n for n in doc["notes"]), doc["notes"]
+    homes = [box.home, *(box.state_dir / "nodes" / n.hostname / "home" for n in box.nodes)]
+    known = [Path(p) for p in _tree(*homes) if p.endswith("known_hosts")]
+    assert len(known) == 3, known  # this machine's and each node's
+    for path in known:
+        names = {line.split()[0] for line in path.read_text().splitlines() if line.strip()}
+        assert "gpu-node-2" in names and not any("*" in n or "@" in n for n in names), names
 
 
 def _iptables(box: sandbox.Sandbox, which: int) -> list[str]:

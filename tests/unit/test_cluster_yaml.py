@@ -126,6 +126,20 @@ def _error(text: str) -> SpecError:
 
 
 @pytest.mark.parametrize(
+    "options",
+    ['["-o", "StrictHostKeyChecking=no"]', '["-oStrictHostKeyChecking=accept-new"]',
+     '["-o", "stricthostkeychecking off"]', '["-o", "UserKnownHostsFile=/dev/null"]'],
+)  # fmt: skip
+def test_ssh_options_that_trust_any_host_key_are_refused_with_their_line(options):
+    """ssh takes an option's first value: one in cluster.yaml would override trainfleet's own
+    -oStrictHostKeyChecking=yes on the node-to-node checks (#17)."""
+    err = _error(f"nodes: [a]\nssh:\n  user: x\n  options: {options}\n")
+    assert err.line == 4
+    assert "host key checking off" in str(err) and "setup ssh" in err.fix
+    parse_cluster_yaml('nodes: [a]\nssh:\n  options: ["-o", "StrictHostKeyChecking=yes"]\n')
+
+
+@pytest.mark.parametrize(
     ("text", "line", "valid"),
     [
         ("nodes: [a]\nmaster_prot: 1\n", 2, "master_port"),

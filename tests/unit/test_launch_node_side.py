@@ -261,3 +261,39 @@ def test_a_command_found_nowhere_ends_the_rank_with_127_naming_the_path(tmp_path
     assert "llamafactory-cli: not found on this node" in done.stderr
     assert str(tmp_path / "bin") in done.stderr  # the PATH it looked in
     assert _marks(done.stderr)[-1] == "@@trainfleet:r9:exit=127:2"
+
+
+def _node_files(directory: Path) -> subprocess.CompletedProcess:
+    from trainfleet.launch.deepspeed import node_files_argv
+
+    job = {"dir": str(directory), "files": {"shim.py": "print('ours')\n", "node_env.json": "[]"}}
+    return subprocess.run(
+        node_files_argv(sys.executable), input=json.dumps(job), capture_output=True, text=True
+    )
+
+
+def test_the_deepspeed_backends_node_directory_is_private_or_refused(tmp_path):
+    """/tmp/trainfleet-RUN_ID has a predictable name: one another user made first (or made
+    writable, or a link) would let them swap the shim that runs as the launching user (#17)."""
+    fresh = tmp_path / "trainfleet-run1"
+    assert _node_files(fresh).returncode == 0
+    assert fresh.stat().st_mode & 0o777 == 0o700
+    assert (fresh / "shim.py").stat().st_mode & 0o777 == 0o600
+    assert _node_files(fresh).returncode == 0  # a restart of the same run
+    open_to_all = tmp_path / "trainfleet-run2"
+    open_to_all.mkdir(mode=0o777)
+    open_to_all.chmod(0o777)
+    link = tmp_path / "trainfleet-run3"
+    link.symlink_to(fresh)
+    for planted in (open_to_all, link):
+        done = _node_files(planted)
+        assert done.returncode == 3, done
+        assert "is not this user's private directory" in done.stderr
+        assert not (planted / "shim.py").exists() or planted == link
+    assert (fresh / "shim.py").read_text() == "print('ours')\n"
+    if os.getuid() == 0:  # another owner: only root can make one here
+        theirs = tmp_path / "trainfleet-run4"
+        theirs.mkdir(mode=0o700)
+        os.chown(theirs, 65534, 65534)
+        assert _node_files(theirs).returncode == 3
+        assert not (theirs / "shim.py").exists()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from trainfleet.cli import setup_cmd
-from trainfleet.cli.main import main
+from trainfleet.cli.main import build_parser, main
 from trainfleet.cluster import Node
 from trainfleet.doctor.findings import Finding, Severity
 from trainfleet.errors import SetupError
@@ -72,6 +72,20 @@ def test_a_question_without_terminal_is_a_no_and_says_how_to_say_yes(monkeypatch
     assert setup_cmd.make_confirm(False, out)("trust these keys?") is False
     assert "trust these keys?" in out.getvalue() and "pass --yes" in out.getvalue()
     assert setup_cmd.make_confirm(True, io.StringIO())("trust?") is True
+
+
+def test_yes_never_replaces_a_changed_host_key(monkeypatch):
+    """A changed key is the man-in-the-middle case: scripts pass --yes for new keys, and that
+    must not also say yes to this one (#17)."""
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+    out = io.StringIO()
+    assert setup_cmd.make_confirm(True, out)("replace?", changed_keys=True) is False
+    assert "--yes does not replace CHANGED host keys" in out.getvalue()
+    assert "--replace-changed-host-keys" in out.getvalue()
+    explicit = setup_cmd.make_confirm(False, io.StringIO(), replace_changed=True)
+    assert explicit("replace?", changed_keys=True) is True
+    args = build_parser().parse_args(["setup", "ssh", "--replace-changed-host-keys"])
+    assert args.replace_changed_host_keys and not args.yes
 
 
 def test_the_password_comes_from_stdin_or_a_terminal_only(monkeypatch):

@@ -33,6 +33,39 @@ def test_every_name_a_node_is_reached_by_gets_a_line():
     assert lines == [f"{name} {NEW}" for name in names]
 
 
+@pytest.mark.parametrize(
+    "reported",
+    ["*", "*.cluster.local", "gpu-node-?", "!gpu-node-1", "a,b", "x\n@cert-authority *",
+     "fe80::1%eth0 *", "node\n", "", "[gpu-node-1]:22", "#node", "a" * 64],
+)  # fmt: skip
+def test_a_hostname_a_node_reports_becomes_a_name_only_when_it_is_plain(reported):
+    """Root on a node sets its hostname: `*` would trust the node's key for every host, a
+    newline and `@cert-authority` would plant a CA for every host."""
+    names = known_hosts_names(
+        "gpu-node-2", hostname="10.0.0.12", address="10.0.0.12", port=22, machine_hostname=reported
+    )
+    assert names == ["gpu-node-2", "10.0.0.12"]
+    if not reported.startswith("["):  # `[name]:port` is how a line writes another port
+        with pytest.raises(ValueError, match="not a known_hosts name"):
+            hostkeys.known_hosts_lines([*names, reported or "*"], [NEW])
+
+
+def test_a_key_that_is_not_type_and_base64_is_never_a_line():
+    for key in ("@cert-authority * " + NEW, NEW + "\n* " + NEW, "ssh-ed25519", "ssh-ed25519 a b"):
+        with pytest.raises(ValueError, match="not a known_hosts name or key"):
+            hostkeys.known_hosts_lines(["gpu-node-2"], [key])
+
+
+def test_ssh_error_text_from_a_probe_names_only_a_plain_host():
+    from trainfleet.doctor.fix import unknown_key_name
+
+    said = "No ED25519 host key is known for {} and you have requested strict checking."
+    assert unknown_key_name(said.format("gpu-node-2")) == "gpu-node-2"
+    assert unknown_key_name(said.format("[10.0.0.12]:2222")) == "[10.0.0.12]:2222"
+    assert unknown_key_name(said.format("*")) is None
+    assert unknown_key_name(said.format("[*]:22")) is None
+
+
 def test_a_config_hostname_its_address_and_a_host_key_alias_are_all_names():
     names = known_hosts_names(
         "trainer2", hostname="node2.lan", address="192.168.1.12", port=22, hostkey_alias="n2"

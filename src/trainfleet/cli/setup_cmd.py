@@ -39,16 +39,26 @@ Every question can be answered up front with --yes; --dry-run shows the changes 
 # ----------------------------------------------------------------------------- prompts
 
 
-def make_confirm(yes: bool, out) -> Callable[[str], bool]:
-    """Show the question with its details; yes for --yes, ask on a terminal, else no."""
+def make_confirm(yes: bool, out, *, replace_changed: bool = False) -> Callable[..., bool]:
+    """Show the question with its details; yes for --yes (for changed host keys only with
+    --replace-changed-host-keys), ask on a terminal, else no."""
 
-    def confirm(question: str) -> bool:
+    def confirm(question: str, changed_keys: bool = False) -> bool:
         print(question, file=out, flush=True)
-        if yes:
+        if changed_keys and replace_changed:
+            print("yes (--replace-changed-host-keys)", file=out)
+            return True
+        if yes and not changed_keys:
             print("yes (--yes)", file=out)
             return True
         if not sys.stdin.isatty():
-            print("not a terminal: not confirmed; nothing was changed (pass --yes)", file=out)
+            why = "pass --yes"
+            if changed_keys:
+                why = (
+                    "--yes does not replace CHANGED host keys: compare the fingerprints on the"
+                    " nodes' consoles, then pass --replace-changed-host-keys"
+                )
+            print(f"not a terminal: not confirmed; nothing was changed ({why})", file=out)
             return False
         try:
             return input("[y/N] ").strip().lower() in ("y", "yes")
@@ -112,8 +122,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ssh.add_argument(
         "--password-stdin",
         action="store_true",
-        help="read the login password from stdin's first line (used once, never kept; "
-        "questions then need --yes or --known-hosts)",
+        help="read the login password from stdin's first line (used once, never kept; new host "
+        "keys then need --yes or --known-hosts)",
+    )
+    ssh.add_argument(
+        "--replace-changed-host-keys",
+        action="store_true",
+        help="replace known_hosts entries whose key CHANGED (a reinstalled node, or someone in "
+        "between): only after comparing the fingerprints; --yes never does",
     )
     hostfile = sub.add_parser("hostfile", help="count GPUs, write a hostfile and cluster.yaml")
     _common(hostfile)
@@ -151,7 +167,7 @@ def _ssh(args: argparse.Namespace, out):
 
     return setup_ssh(
         cluster_from_args(args),
-        confirm=make_confirm(args.yes, out),
+        confirm=make_confirm(args.yes, out, replace_changed=args.replace_changed_host_keys),
         password=make_password(args.password_stdin),
         trusted_file=args.known_hosts,
         dry_run=args.dry_run,

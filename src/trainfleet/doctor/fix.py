@@ -34,6 +34,7 @@ from trainfleet.doctor.findings import Finding, Severity
 from trainfleet.errors import TrainfleetError
 from trainfleet.remote import Failure, run_on_nodes
 from trainfleet.spec_yaml import LineDict, LineList, load_yaml_with_lines
+from trainfleet.sshnames import valid_key, valid_name
 
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 THIS_MACHINE = "this machine"
@@ -133,9 +134,14 @@ def fingerprint(key: str) -> str:
 
 
 def unknown_key_name(stderr: str) -> str | None:
-    """The known_hosts name ssh looked up and did not find, from its error text."""
+    """The known_hosts name ssh looked up and did not find, from its error text (a probe's
+    report can carry any text: only a plain name or `[name]:port` counts)."""
     match = _UNKNOWN_KEY.search(stderr)
-    return match.group(1) if match else None
+    if not match:
+        return None
+    name = match.group(1)
+    bracketed = re.fullmatch(r"\[(.+)\]:\d+", name)
+    return name if valid_name(bracketed.group(1) if bracketed else name) else None
 
 
 def _port_of(name: str) -> int:
@@ -160,7 +166,7 @@ def keyscan(address: str, port: int) -> list[str]:
         parts = line.split()
         if len(parts) >= 3 and not line.startswith("#"):
             keys.append(f"{parts[1]} {parts[2]}")
-    return sorted(set(keys))
+    return sorted({key for key in keys if valid_key(key)})
 
 
 def _unknown_keys(report: DoctorReport) -> list[tuple[str, str, str, str]]:

@@ -237,15 +237,27 @@ def render_deepspeed(plan: DeepSpeedPlan) -> str:
 
 
 # Writes the shim and the node table into a private directory; removes it with `--remove`.
-# Python 3.8 syntax: it runs on each node's own python.
+# Python 3.8 syntax: it runs on each node's own python. The directory's name is predictable
+# (/tmp/trainfleet-RUN_ID, the same for every node and restart): one that is already there is
+# used only when it is a directory of this user's that no one else can write, else another user
+# of the node could have put a shim of their own there, run as the launching user.
 _NODE_FILES = """\
-import json, os, shutil, sys
+import json, os, shutil, stat, sys
 job = json.load(sys.stdin)
 if job.get("remove"):
     shutil.rmtree(job["dir"], ignore_errors=True)
     sys.exit(0)
-os.makedirs(job["dir"], mode=0o700, exist_ok=True)
-os.chmod(job["dir"], 0o700)
+try:
+    os.mkdir(job["dir"], 0o700)
+except FileExistsError:
+    st = os.lstat(job["dir"])
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        sys.stderr.write(
+            "%s was already there and is not this user's private directory (uid %d, mode %o):"
+            " another user may have made it to run their code as you; remove it\\n"
+            % (job["dir"], st.st_uid, stat.S_IMODE(st.st_mode))
+        )
+        sys.exit(3)
 for name, text in job["files"].items():
     fd = os.open(os.path.join(job["dir"], name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:

@@ -13,6 +13,7 @@ reach a node by its alias, its own hostname or its address. Every one of those n
 line, so that none of them stops a non-interactive ssh with a host key question. A name that
 already has another key of the same type is a *changed* key: it is only replaced after the
 user saw the old and the new fingerprint and said yes (never StrictHostKeyChecking=no).
+A name or a key goes into a known_hosts line only when it is plain (`trainfleet.sshnames`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from trainfleet.cluster import Node
 from trainfleet.doctor.fix import fingerprint, keyscan
 from trainfleet.remote import ssh_options
 from trainfleet.setup import nodejob
+from trainfleet.sshnames import valid_key, valid_name
 
 
 @dataclass(kw_only=True, slots=True)
@@ -68,8 +70,8 @@ def known_hosts_names(
     """Every name ssh may look the node up under, in known_hosts notation, without repeats."""
     names: list[str] = []
     for name in (hostkey_alias, node, hostname, address, machine_hostname):
-        if not name:
-            continue
+        if not name or not valid_name(name):
+            continue  # a node's own word for its name is checked in trust.py, with a note
         written = name if port == 22 else f"[{name}]:{port}"
         if written not in names:
             names.append(written)
@@ -77,7 +79,12 @@ def known_hosts_names(
 
 
 def known_hosts_lines(names: list[str], keys: list[str]) -> list[str]:
-    """One line per name and key (`ssh-keygen -R NAME` then takes out exactly one name)."""
+    """One line per name and key (`ssh-keygen -R NAME` then takes out exactly one name). A name
+    or key that is not plain (`valid_name`, `valid_key`) is a bug here, never a line."""
+    bad = [n for n in names if not valid_name(n.removeprefix("[").split("]:")[0])]
+    bad += [k for k in keys if not valid_key(k)]
+    if bad:
+        raise ValueError(f"not a known_hosts name or key: {bad!r}")
     return [f"{name} {key}" for name in names for key in keys]
 
 

@@ -94,13 +94,14 @@ def this_machine(
         text = question(new, changed)
         if result.dry_run:
             result.note(text.rsplit("\n", 1)[0])
-        elif not confirm(text):
+        elif not confirm(text, changed_keys=bool(changed)):
             raise SetupError(
                 ("changed host keys were not confirmed" if changed else "host keys not trusted")
                 + ": nothing was changed",
                 f"compare the fingerprints with `{CONSOLE_CHECK}` on each node's console; if "
-                "they match, run again and answer yes (or pass --yes, or --known-hosts FILE "
-                "with the keys)",
+                "they match, run again and answer yes (or pass "
+                + ("--replace-changed-host-keys" if changed else "--yes")
+                + ", or --known-hosts FILE with the keys)",
             )
     pubkeys = _keys(views, result)  # only once the keys were accepted
     for path, (remove, lines) in writes.items():

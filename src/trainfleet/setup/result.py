@@ -23,9 +23,11 @@ from trainfleet.doctor.findings import Finding, Severity
 THIS_MACHINE = "this machine"
 """The launch machine, in changes and messages."""
 
-Confirm = Callable[[str], bool]
-"""confirm(question_with_details) -> True to go ahead. The CLI asks on a terminal, says yes
-for --yes, and says no (printing why) when there is no terminal."""
+Confirm = Callable[..., bool]
+"""confirm(question_with_details, changed_keys=False) -> True to go ahead. The CLI asks on a
+terminal, says yes for --yes, and says no (printing why) when there is no terminal. Replacing
+CHANGED host keys (`changed_keys=True`, the man-in-the-middle case) takes a yes typed on the
+terminal or --replace-changed-host-keys: --yes alone is a no."""
 
 
 @dataclass(kw_only=True, slots=True)

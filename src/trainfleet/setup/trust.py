@@ -133,10 +133,11 @@ def _node_known_hosts(
             plans[host] = (add, remove)
     if changed and not result.dry_run:
         question = "\n".join(["changed host keys in the nodes' known_hosts:", *changed])
-        if not confirm(question + "\nreplace the old keys with the new ones?"):
+        if not confirm(question + "\nreplace the old keys with the new ones?", changed_keys=True):
             raise SetupError(
                 "changed host keys were not confirmed; nothing was replaced",
-                "check the fingerprints, then run again and answer yes (or --yes)",
+                "check the fingerprints, then run again and answer yes (or pass"
+                " --replace-changed-host-keys)",
             )
     jobs = {
         host: {
@@ -235,7 +236,13 @@ def setup_ssh(
     if hostnames is None:
         return result
     for host, name in hostnames.items():
-        targets[host].machine_hostname = name
+        if hostkeys.valid_name(name):
+            targets[host].machine_hostname = name
+        else:  # root there can set any name: `*` in known_hosts would trust its key everywhere
+            result.note(
+                f"{host} says its hostname is {name[:80]!r}, which is not a host name: its key is"
+                " not trusted under that name (set a plain name there with hostnamectl)"
+            )
     this_machine(cluster, targets, result, confirm, trusted_file)  # the nodes' own hostnames
     views = _node_known_hosts(cluster, targets, result, confirm)
     survey = _node_trust(cluster, views, result)

@@ -30,7 +30,7 @@ from pathlib import Path
 from trainfleet.cluster import Cluster
 from trainfleet.errors import TrainfleetError
 from trainfleet.plan.memory import TrainSetup
-from trainfleet.train import user_deepspeed
+from trainfleet.train import checkpoints, user_deepspeed
 from trainfleet.train.config import TrainConfig, load_train_config
 
 __all__ = ["TrainConfig", "check_model_dir", "load_train_config", "run_train"]
@@ -77,6 +77,7 @@ def run_train(
 
     check_model_dir(config.model)
     output = config.output_dir
+    check_output_dir(output)
     output.mkdir(parents=True, exist_ok=True)
     out = out or sys.stdout
     cache = data.prepare_cache(config, output / ".cache", out=out)
@@ -124,6 +125,19 @@ def run_train(
         on_first_plan=check_fit,
         out=out,
     )
+
+
+def check_output_dir(output: Path) -> None:
+    """Refuses an output directory holding checkpoints trainfleet did not write: a resume there
+    would mix runs, and trainfleet's rotation must never touch them."""
+    foreign = checkpoints.foreign_checkpoints(output)
+    if foreign:
+        names = ", ".join(p.name for p in foreign[:5]) + (" ..." if len(foreign) > 5 else "")
+        raise TrainfleetError(
+            f"{output} holds {len(foreign)} checkpoint(s) trainfleet did not write ({names};"
+            " a Hugging Face run's?): trainfleet would resume beside them",
+            "use another --output (nothing there is changed), or move them out",
+        )
 
 
 def check_memory(

@@ -1,11 +1,17 @@
 """Checkpoints that a crash cannot spoil: HF Trainer writes `checkpoint-N/` in place; only after
 every rank has finished it does rank 0 mark it complete and switch the `latest` pointer (a file
 replaced atomically), then delete all but the last K complete checkpoints. A restart resumes
-from what `latest` names and removes any half-written checkpoint newer than it.
+from what `latest` names and removes any half-written checkpoint of its own.
+
+Its own: every rank marks a checkpoint directory (TRAINFLEET_SAVING) before it writes there, so
+a `checkpoint-N` without a mark (a plain Hugging Face run's, in the same output directory) is
+never removed or rotated; `foreign_checkpoints` lets train refuse such a directory up front.
+Complete means durable: the files, the mark, the directories and the pointer are fsynced in
+that order, so after a power loss `latest` never names a torn checkpoint.
 
     >>> import tempfile
     >>> out = Path(tempfile.mkdtemp())
-    >>> (out / "checkpoint-10").mkdir(); mark_complete(out, "checkpoint-10", keep=2)
+    >>> begin_save(out, "checkpoint-10"); mark_complete(out, "checkpoint-10", keep=2)
     >>> latest_checkpoint(out).name
     'checkpoint-10'
 """
@@ -21,6 +27,7 @@ from trainfleet.errors import TrainfleetError
 
 LATEST = "latest"
 COMPLETE = "TRAINFLEET_COMPLETE"
+SAVING = "TRAINFLEET_SAVING"
 _STEP = re.compile(r"^checkpoint-(\d+)$")
 
 
@@ -43,23 +50,62 @@ def latest_checkpoint(output: Path) -> Path | None:
     return path if (path / COMPLETE).exists() else None
 
 
+def begin_save(output: Path, name: str) -> None:
+    """Every rank, before it writes any part of checkpoint `name`: marks it as trainfleet's."""
+    path = output / name
+    path.mkdir(parents=True, exist_ok=True)
+    (path / SAVING).touch()
+
+
+def ours(path: Path) -> bool:
+    return (path / SAVING).exists() or (path / COMPLETE).exists()
+
+
+def foreign_checkpoints(output: Path) -> list[Path]:
+    """`checkpoint-N` directories trainfleet did not write (no mark of its own)."""
+    return [p for p in _checkpoints(output) if not ours(p)] if output.is_dir() else []
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(root: Path) -> None:
+    """Every file, then every directory, under `root` (bottom up), then `root` itself."""
+    for parent, dirs, files in os.walk(root, topdown=False):
+        for name in files:
+            _fsync(Path(parent) / name)
+        for name in dirs:
+            _fsync(Path(parent) / name)
+    _fsync(root)
+
+
 def mark_complete(output: Path, name: str, *, keep: int) -> None:
     """Rank 0, after every rank's part of `name` is written (a barrier before this)."""
+    _fsync_tree(output / name)
     (output / name / COMPLETE).write_text("")
+    _fsync(output / name / COMPLETE)
+    _fsync(output / name)
     pointer = output / f".{LATEST}.tmp"
     pointer.write_text(name + "\n")
-    with open(pointer) as handle:
-        os.fsync(handle.fileno())
+    _fsync(pointer)
     os.replace(pointer, output / LATEST)
+    _fsync(output)
     complete = [p for p in _checkpoints(output) if (p / COMPLETE).exists()]
     for old in complete[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
 
 
 def remove_partial(output: Path) -> list[Path]:
-    """Checkpoints never marked complete (a crash during their save): removed before a resume,
-    so that nothing can pick them up. Returns what was removed."""
-    removed = [p for p in _checkpoints(output) if not (p / COMPLETE).exists()]
+    """trainfleet's checkpoints never marked complete (a crash during their save): removed
+    before a resume, so that nothing can pick them up. Returns what was removed."""
+    removed = [
+        p for p in _checkpoints(output) if (p / SAVING).exists() and not (p / COMPLETE).exists()
+    ]
     for path in removed:
         shutil.rmtree(path, ignore_errors=True)
     return removed

@@ -114,6 +114,7 @@ def _trainer_class():
             # save that is still writing for progress, and one that writes nothing for a hang.
             size = functools.partial(checkpoints.tree_bytes, output / name)
             with heartbeat.beating(step, phase="saving", measure=size):
+                checkpoints.begin_save(output, name)
                 super()._save_checkpoint(model, trial)
                 dist.barrier()
             if self.args.should_save:
