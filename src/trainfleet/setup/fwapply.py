@@ -48,11 +48,23 @@ def plan_rules(
     rules, notes = {}, []
     for host in blocked:
         facts = survey.facts[host]
-        peers = [
-            a
-            for peer, sheet in survey.facts.items()
-            if peer != host and (a := _address(sheet, chosen.get(peer)))
-        ]
+        iface = chosen.get(host)
+        if not firewall.valid_iface(iface):
+            notes.append(
+                f"{host}: TCP to it is dropped, but it has no interface with a route to the"
+                f" master that a rule could name (found {iface!r}); no rule for it"
+            )
+            continue
+        peers = []
+        for peer, sheet in survey.facts.items():
+            address = _address(sheet, chosen.get(peer)) if peer != host else None
+            if address and firewall.valid_peer(address):
+                peers.append(address)
+            elif address:  # what a node reports is its own word: never a rule for `any`
+                notes.append(
+                    f"{peer} reports {address[:60]!r} as its address, which is not a unicast"
+                    f" IPv4 address: no rule on {host} lets it in"
+                )
         backends = firewall.active_backends(facts.get("firewall") or {})
         if not backends:
             notes.append(
@@ -68,7 +80,7 @@ def plan_rules(
             rule
             for backend in backends
             for rule in firewall.allow_rules(
-                backend, chosen[host], peers, chains=chains, zone=zones.get(host)
+                backend, iface, peers, chains=chains, zone=zones.get(host)
             )
         ]
     return rules, notes
@@ -85,7 +97,8 @@ def _firewalld_zones(cluster: Cluster, survey: Survey, blocked: list[str]) -> di
         return {}
     argv = {h: ["firewall-cmd", f"--get-zone-of-interface={chosen[h]}"] for h in hosts}
     results = run_on_nodes([cluster.node(h) for h in hosts], argv, timeout=TIMEOUT_S)
-    return {r.node: r.stdout.strip() for r in results if r.ok and r.stdout.strip()}
+    zones = {r.node: r.stdout.strip() for r in results if r.ok}
+    return {host: zone for host, zone in zones.items() if firewall.valid_name(zone)}
 
 
 def _sudo(nodes: Sequence[Node]) -> dict[str, list[str]]:
@@ -118,7 +131,12 @@ def apply_rules(
             if rule.backend == "nftables":
                 revert.append(firewall.nft_handle(r.stdout) or "?")
             state["nodes"].setdefault(r.node, []).append(
-                {"backend": rule.backend, "text": rule.text, "revert": sudo[r.node] + revert}
+                {
+                    "backend": rule.backend,
+                    "text": rule.text,
+                    "peer": rule.peer,
+                    "revert": sudo[r.node] + revert,
+                }
             )
             save_state(state_file, state)  # recorded at once: a failure later loses nothing
             result.add(r.node, f"added ({rule.backend}): {rule.text}")
@@ -146,7 +164,7 @@ def setup_firewall(
     if mode == "revert":
         result.fail_at = None  # the finding is expected back: it is what --revert restores
         if dry_run:
-            for host, items in load_state(state_file)["nodes"].items():
+            for host, items in load_state(state_file, must_exist=True)["nodes"].items():
                 for item in items:
                     result.add(host, f"would remove ({item['backend']}): {item['text']}")
         else:

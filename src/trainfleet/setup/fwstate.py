@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 from trainfleet.cluster import Cluster
@@ -30,13 +31,38 @@ def default_state_file(cluster_in: str | None) -> str:
     return str(Path.home() / ".trainfleet" / "firewall.json")
 
 
-def load_state(path: str) -> dict:
+def load_state(path: str, *, must_exist: bool = False) -> dict:
+    """The state file, checked: every entry's revert command must be one `setup firewall`
+    makes (`firewall.revert_is_ours`), so that an edited file cannot make --revert run
+    anything else. `must_exist`: a missing file is an error (--revert), not an empty state."""
     try:
-        return json.loads(Path(path).read_text())
+        state = json.loads(Path(path).read_text())
     except FileNotFoundError:
+        if must_exist:
+            raise SetupError(
+                f"{path}: no firewall state file, so nothing recorded to revert",
+                "pass the --state FILE that --apply used (it names it when it adds a rule); "
+                "without it, remove rules by hand: each carries the comment "
+                f"`{firewall.TAG}`",
+            ) from None
         return {"version": 1, "nodes": {}}
     except ValueError as exc:
         raise SetupError(f"{path} is not a firewall state file ({exc})", "check the path") from None
+    nodes = state.get("nodes") if isinstance(state, dict) else None
+    if not isinstance(nodes, dict) or not all(isinstance(v, list) for v in nodes.values()):
+        raise SetupError(
+            f"{path} is not a firewall state file (no `nodes` mapping of lists)", "check the path"
+        )
+    for host, items in nodes.items():
+        for i, item in enumerate(items):
+            ok = isinstance(item, dict) and isinstance(item.get("text"), str)
+            if not ok or not firewall.revert_is_ours(item.get("backend"), item.get("revert")):
+                raise SetupError(
+                    f"{path}: entry {i + 1} of {host} is not a rule `setup firewall` added "
+                    f"(revert {str(item.get('revert') if isinstance(item, dict) else item)[:120]})",
+                    "nothing was run; restore the file --apply wrote, or remove that rule by hand",
+                )
+    return state
 
 
 def save_state(path: str, state: dict) -> None:
@@ -45,7 +71,10 @@ def save_state(path: str, state: dict) -> None:
         return
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(f"{path}.tmp")
-    tmp.write_text(json.dumps(state, indent=2) + "\n")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(json.dumps(state, indent=2) + "\n")
+    os.chmod(tmp, 0o600)  # a tmp file left by an older version may have another mode
     os.replace(tmp, path)
 
 
@@ -69,14 +98,15 @@ def _nft_still_ours(cluster: Cluster, host: str, revert: list[str]) -> bool:
     where = revert.index("delete")
     listing = [*revert[:where], "-a", "list", "chain", *revert[where + 2 : -2]]
     [out] = run_on_nodes([cluster.node(host)], listing, timeout=TIMEOUT_S)
-    handle = f"# handle {revert[-1]}"
+    handle = re.compile(rf"# handle {re.escape(revert[-1])}$")  # 5 is not 52
     return any(
-        handle in line and f'comment "{firewall.TAG}"' in line for line in out.stdout.splitlines()
+        handle.search(line.rstrip()) and f'comment "{firewall.TAG}"' in line
+        for line in out.stdout.splitlines()
     )
 
 
 def revert_rules(cluster: Cluster, state_file: str, result: SetupResult) -> None:
-    state = load_state(state_file)
+    state = load_state(state_file, must_exist=True)
     entries = {h: list(reversed(e)) for h, e in state["nodes"].items() if e}
     unknown = [h for h in entries if h not in {n.host for n in cluster.nodes}]
     if unknown:
