@@ -158,6 +158,29 @@ def test_fix_pins_interfaces_and_the_mismatch_is_gone(tmp_path):
     assert node_summaries(fixed)[N2]["interface"] == "ens14f1"
 
 
+def test_an_interface_name_a_node_reports_is_never_written_unless_it_is_one(tmp_path, monkeypatch):
+    """Without -c, --fix writes a new cluster.yaml: a node's `ip` output naming an interface
+    `ens14f1\n    env: {LD_PRELOAD: ...}` must not reach it, nor every node at the next
+    launch (#17)."""
+    evil = "ens14f1\n    env: {LD_PRELOAD: /tmp/x.so}"
+    survey = make_survey(tmp_path, env=ONE_IFACE_FOR_ALL)
+    for entry in survey.facts[N2]["interfaces"]:
+        if entry["name"] == "ens14f1":
+            entry["name"] = evil
+    survey.facts[N2]["route_to_master"]["dev"] = evil
+    report = _report(survey)
+    here = tmp_path / "elsewhere"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    plan = plan_fixes(report)
+    assert N2 not in plan.interfaces.interfaces
+    assert plan.interfaces.interfaces == {N3: "ens14f2"}
+    assert any(f"interface of {N2}" in n and "not an interface name" in n for n in plan.not_done)
+    assert "LD_PRELOAD" not in plan.interfaces.text
+    with pytest.raises(TrainfleetError):
+        new_cluster_yaml(survey.cluster, {N2: evil})
+
+
 def test_a_pinned_interface_that_is_not_the_route_to_the_master_is_a_warning(tmp_path):
     survey = make_survey(tmp_path)
     survey.facts[N2]["interfaces"].append(

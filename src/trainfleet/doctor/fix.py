@@ -28,10 +28,10 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainfleet.cluster import Cluster, backup_name, parse_cluster_yaml
+from trainfleet.cluster import Cluster, backup_name, parse_cluster_yaml, valid_interface
 from trainfleet.doctor import DoctorReport
 from trainfleet.doctor.findings import Finding, Severity
-from trainfleet.errors import TrainfleetError
+from trainfleet.errors import SpecError, TrainfleetError
 from trainfleet.remote import Failure, run_on_nodes
 from trainfleet.spec_yaml import LineDict, LineList, load_yaml_with_lines
 from trainfleet.sshnames import valid_key, valid_name
@@ -274,7 +274,14 @@ def new_cluster_yaml(cluster: Cluster, interfaces: dict[str, str]) -> str:
         lines += [f"  - host: {node.host}", f"    slots: {node.slots}"]
         if node.host in interfaces:
             lines.append(f"    interface: {interfaces[node.host]}")
-    return "\n".join(lines) + "\n"
+    text = "\n".join(lines) + "\n"
+    # Read back: exactly these nodes, slots and interfaces, and nothing else (no env, no ssh).
+    written = parse_cluster_yaml(text, "cluster.yaml")
+    got = [(n.host, n.slots, n.interface, dict(n.env)) for n in written.nodes]
+    want = [(n.host, n.slots, interfaces.get(n.host), {}) for n in cluster.nodes]
+    if got != want:
+        raise FixError("the cluster.yaml --fix would write does not read back as planned", "")
+    return text
 
 
 def plan_interfaces(report: DoctorReport, cluster_file: str | None, plan: FixPlan) -> None:
@@ -287,7 +294,11 @@ def plan_interfaces(report: DoctorReport, cluster_file: str | None, plan: FixPla
             continue
         for host in finding.nodes:
             chosen = report.nodes.get(host, {}).get("interface")
-            if chosen and survey.cluster.node(host).interface != chosen:
+            if chosen and not valid_interface(chosen):  # a node's own word: never written
+                plan.not_done.append(
+                    f"interface of {host}: it reports {str(chosen)[:60]!r}, not an interface name"
+                )
+            elif chosen and survey.cluster.node(host).interface != chosen:
                 interfaces[host] = chosen
     if not interfaces:
         return
@@ -308,12 +319,12 @@ def plan_interfaces(report: DoctorReport, cluster_file: str | None, plan: FixPla
             f"interfaces: ./{path} exists and was not given with -c; not overwritten"
         )
         return
-    plan.interfaces = InterfaceFix(
-        path=path,
-        text=new_cluster_yaml(survey.cluster, interfaces),
-        interfaces=interfaces,
-        backup=None,
-    )
+    try:
+        text = new_cluster_yaml(survey.cluster, interfaces)
+    except (FixError, SpecError) as exc:
+        plan.not_done.append(f"interfaces: {exc}")
+        return
+    plan.interfaces = InterfaceFix(path=path, text=text, interfaces=interfaces, backup=None)
 
 
 # ----------------------------------------------------------------------------- plan, apply
