@@ -30,6 +30,8 @@ MODULES = [
     "trainfleet.launch.environment",
     "trainfleet.train.user_deepspeed",
     "trainfleet.launch.output",
+    "trainfleet.launch.plan",
+    "trainfleet.sshnames",
     "trainfleet.launch.restarts",
     "trainfleet.procs",
     "trainfleet.status",

@@ -10,6 +10,8 @@ from trainfleet.launch.plan import (
     LaunchOptions,
     NodeFacts,
     choose_master_port,
+    masked,
+    masked_argv,
     plan_launch,
     render_plan,
 )
@@ -96,6 +98,42 @@ def test_dry_run_text_per_node_interface_cpu_nodes_and_masked_secrets():
     # The secrets still reach the nodes (over ssh stdin): masked only where shown.
     assert plan.nodes[1].env["WANDB_API_KEY"] == "secret123"
     assert plan.nodes[0].env["HF_TOKEN"] == "hf_abcdef"
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("AZURE_STORAGE_KEY", "abc"), ("GITHUB_PAT", "abc"), ("S3_KEY", "abc"),
+     ("MY_DB_PASS", "abc"), ("HF_AUTH", "abc"), ("OTHER", "hf_" + "x" * 34),
+     ("OTHER", "ghp_" + "y" * 36), ("OTHER", "AKIAABCDEFGHIJKLMNOP")],
+)  # fmt: skip
+def test_secrets_are_masked_by_name_and_by_shape(name, value):
+    """#17: masking by a handful of names let AZURE_STORAGE_KEY, GITHUB_PAT or a token under
+    any name show in --dry-run and in the run directory."""
+    assert masked({name: value}) == {name: "***"}
+
+
+def test_passwords_in_urls_and_secret_flags_are_masked_where_shown():
+    env = {"PIP_INDEX_URL": "https://ci:s3cr3t@pypi.example/simple", "PATH": "/usr/bin"}
+    assert masked(env) == {
+        "PIP_INDEX_URL": "https://ci:***@pypi.example/simple",
+        "PATH": "/usr/bin",
+    }
+    argv = ["sft.py", "--hub_token", "hf_abc", "--report_to=wandb", "--hub-token=hf_x", "--lr", "1"]
+    assert masked_argv(argv) == [
+        "sft.py", "--hub_token", "***", "--report_to=wandb", "--hub-token=***", "--lr", "1"
+    ]  # fmt: skip
+    assert masked({"NCCL_SOCKET_IFNAME": "ens14f0", "LD_LIBRARY_PATH": "/x"})["LD_LIBRARY_PATH"]
+
+
+def test_the_dry_run_shows_the_command_without_its_secrets():
+    """The same masking writes run.json's `command` (launch/__init__.py)."""
+    cluster = parse_cluster_yaml(CLUSTER, "cluster.yaml")
+    command = ("sft.py", "--hub_token", "hf_" + "z" * 34, "--output_dir", "out")
+    plan = plan_launch(cluster, FACTS, LaunchOptions(command=command, run_id="r1"),
+                       master_addr="10.0.0.11", launch_env={}, launch_cwd="/w")  # fmt: skip
+    shown = render_plan(plan)
+    assert "z" * 34 not in shown and "--hub_token '***'" in shown
+    assert plan.nodes[0].argv[-3] == "hf_" + "z" * 34  # the nodes still get it
 
 
 def test_a_pinned_interface_wins_and_an_include_with_gpu_ids_sets_visible_devices(tmp_path):

@@ -45,6 +45,7 @@ from trainfleet.launch.plan import (
     LaunchPlan,
     NodeFacts,
     masked,
+    masked_argv,
     plan_launch,
 )
 from trainfleet.launch.supervisor import (
@@ -176,7 +177,7 @@ def launch(
     about = {
         "run_id": plan.options.run_id,
         "backend": plan.options.backend,
-        "command": list(plan.options.command),
+        "command": masked_argv(plan.options.command),
         "master": f"{plan.master_addr}:{plan.master_port}",
         "world_size": plan.world_size,
         "ranks": {host: [r.start, r.stop - 1] for host, r in plan.rank_ranges().items()},

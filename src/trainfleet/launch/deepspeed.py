@@ -44,6 +44,7 @@ from trainfleet.launch.plan import (
     head_line,
     is_secret,
     masked,
+    masked_argv,
     master_port,
     node_env,
 )
@@ -216,7 +217,7 @@ def render_deepspeed(plan: DeepSpeedPlan) -> str:
         *plan.notes,
         "",
         f"on this machine, in {plan.cwd}:",
-        f"  argv: {shlex.join(plan.argv)}",
+        f"  argv: {shlex.join(masked_argv(plan.argv))}",
         "  env:",
         *(f"    {k}={shlex.quote(v)}" for k, v in sorted(plan.env.items())),
         *(f"    (unset {k}: a secret; the nodes get it from the table)" for k in plan.unset),

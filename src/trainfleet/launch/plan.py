@@ -26,8 +26,21 @@ if TYPE_CHECKING:
     from trainfleet.launch.deepspeed import DeepSpeedPlan
 
 SECRET = re.compile(
-    r"TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIAL", re.IGNORECASE
+    r"TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIAL"
+    r"|(?:^|[_-])(?:KEY|KEYS|PAT|PASS|PWD|AUTH|COOKIE|SIGNATURE)(?:[_-]|$)",
+    re.IGNORECASE,
 )
+"""A variable or flag name whose value is secret (HF_TOKEN, AZURE_STORAGE_KEY, GITHUB_PAT,
+--hub_token, ...)."""
+TOKEN_VALUE = re.compile(
+    r"\b(?:hf_[A-Za-z0-9]{20,}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_\w{20,}"
+    r"|sk-[A-Za-z0-9_-]{20,}|AKIA[0-9A-Z]{16}|xox[abprs]-[A-Za-z0-9-]{10,}"
+    r"|glpat-[A-Za-z0-9_-]{20,})"
+)
+"""Values that are tokens whatever they are called (Hugging Face, GitHub, OpenAI-style, AWS
+access key ids, Slack, GitLab)."""
+URL_PASSWORD = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^/\s:@]*:)[^/\s@]+(@)", re.IGNORECASE)
+"""The password in `scheme://user:password@host` (PIP_INDEX_URL, a git remote, a proxy)."""
 MASK = "***"
 PORT_RANGE = (29500, 29600)
 """Where a free master port is looked for when the requested one is taken."""
@@ -117,8 +130,43 @@ def is_secret(name: str) -> bool:
     return bool(SECRET.search(name))
 
 
+def mask_value(value: str) -> str:
+    """`value` with the credentials in it masked (a URL's password, known token shapes).
+
+    >>> mask_value("https://ci:s3cr3t@pypi.example/simple")
+    'https://ci:***@pypi.example/simple'
+    """
+    return TOKEN_VALUE.sub(MASK, URL_PASSWORD.sub(rf"\g<1>{MASK}\g<2>", value))
+
+
 def masked(env: Mapping[str, str]) -> dict[str, str]:
-    return {k: (MASK if is_secret(k) else v) for k, v in env.items()}
+    return {k: (MASK if is_secret(k) else mask_value(v)) for k, v in env.items()}
+
+
+def masked_argv(argv: list[str] | tuple[str, ...]) -> list[str]:
+    """A command line as it may be shown or written down: the value of a secret-named flag
+    (`--hub_token X`, `--hub_token=X`) and every credential-shaped value masked.
+
+    >>> masked_argv(["train.py", "--hub_token", "hf_abc", "--lr=1e-5", "--api-key=x"])
+    ['train.py', '--hub_token', '***', '--lr=1e-5', '--api-key=***']
+    """
+    shown: list[str] = []
+    secret_next = False
+    for word in argv:
+        if secret_next:
+            shown.append(MASK)
+            secret_next = False
+            continue
+        flag, eq, _ = word.partition("=")
+        if word.startswith("-") and is_secret(flag.lstrip("-")):
+            if eq:
+                shown.append(f"{flag}={MASK}")
+            else:
+                shown.append(word)
+                secret_next = True
+            continue
+        shown.append(mask_value(word))
+    return shown
 
 
 def choose_master_port(requested: int, listening: tuple[int, ...]) -> tuple[int, str | None]:
@@ -282,7 +330,7 @@ def render_plan(plan: LaunchPlan) -> str:
             "",
             f"{node.host}: node_rank {node.node_rank}, ranks {node.first_rank}-{last}, "
             f"cwd {node.cwd}",
-            f"  argv: {shlex.join(node.argv)}",
+            f"  argv: {shlex.join(masked_argv(node.argv))}",
             "  env:",
         ]
         lines += env_lines(masked(node.env), node.env_sources)
