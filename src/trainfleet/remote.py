@@ -20,6 +20,7 @@ import os
 import shlex
 import shutil
 import signal
+import stat
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -174,6 +175,16 @@ def control_dir() -> Path:
     """Where shared-connection sockets live; short (sun_path is ~108 bytes) and private."""
     path = Path(os.environ.get("TRAINFLEET_CONTROL_DIR", f"/tmp/trainfleet-{os.getuid()}-ssh"))
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    # The name is predictable: one another user made first (or a link) would put this user's
+    # ssh connections into their hands. OpenSSH refuses such a directory too, less clearly.
+    info = path.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise RemoteError(
+            f"{path} (ssh's shared connections) is not this user's private directory"
+            f" (owner uid {info.st_uid}, mode {stat.S_IMODE(info.st_mode):o})",
+            "remove it (another user may have made it), or set TRAINFLEET_CONTROL_DIR to a"
+            " directory only you can write",
+        )
     return path
 
 

@@ -297,3 +297,23 @@ def test_run_on_several_nodes_keeps_order_and_runs_at_once(tmp_path):
     )
     assert [r.node for r in results] == ["localhost", "127.0.0.1"]
     assert [(r.ok, r.stdout) for r in results] == [(True, "done\n")] * 2
+
+
+def test_the_ssh_control_directory_must_be_private(tmp_path, monkeypatch):
+    """#17: /tmp/trainfleet-UID-ssh has a predictable name; one made by another user, open to
+    others or a link would hand them this user's shared ssh connections."""
+    from trainfleet.remote import control_dir
+
+    mine = tmp_path / "mine"
+    monkeypatch.setenv("TRAINFLEET_CONTROL_DIR", str(mine))
+    assert control_dir() == mine and mine.stat().st_mode & 0o777 == 0o700
+    opened = tmp_path / "opened"
+    opened.mkdir()
+    opened.chmod(0o777)
+    link = tmp_path / "link"
+    link.symlink_to(mine)
+    for bad in (opened, link):
+        monkeypatch.setenv("TRAINFLEET_CONTROL_DIR", str(bad))
+        with pytest.raises(RemoteError, match="not this user's private directory") as err:
+            control_dir()
+        assert "TRAINFLEET_CONTROL_DIR" in err.value.fix

@@ -154,3 +154,18 @@ def test_notes_about_many_nodes_fold():
 
     notes = ["gpu-node-1: PATH recorded", "gpu-node-2: PATH recorded", "gpu-node-3: other"]
     assert fold_notes(notes) == ["gpu-node-[1-2]: PATH recorded", "gpu-node-3: other"]
+
+
+def test_the_password_never_reaches_a_shared_master_or_a_jump_host():
+    """#17: a user's ControlMaster/ControlPersist would keep the password in a master for
+    minutes; a ProxyJump's ssh would offer it to the jump host."""
+    from trainfleet.cluster import SshOptions
+    from trainfleet.setup import trust
+
+    node = Node(host="gpu-node-2", slots=1, gpu_ids=(0,), python="python3")
+    argv = askpass.password_ssh_argv(node, ["true"])
+    assert argv.index("-oControlMaster=no") < argv.index("--")
+    assert "-oControlPath=none" in argv
+    jumped = Node(host="gpu-node-3", slots=1, gpu_ids=(0,), python="python3",
+                  ssh=SshOptions(options=("-o", "ProxyJump=bastion")))  # fmt: skip
+    assert trust._through_a_jump_host(jumped) and not trust._through_a_jump_host(node)

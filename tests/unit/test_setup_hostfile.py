@@ -75,6 +75,16 @@ def test_write_is_idempotent_and_keeps_the_old_file(tmp_path):
     assert backup.read_text() == first
 
 
+def test_a_private_cluster_yaml_keeps_a_private_backup(tmp_path):
+    """#17: the backup of a 0600 cluster.yaml (its env may hold secrets) was 0644."""
+    path = tmp_path / "cluster.yaml"
+    path.write_text("nodes:\n- host: a\n  slots: 1\n")
+    path.chmod(0o600)
+    clusterdoc.write(str(path), "nodes:\n- host: a\n  slots: 8\n", dry_run=False)
+    [backup] = [p for p in tmp_path.iterdir() if p.name != "cluster.yaml"]
+    assert backup.stat().st_mode & 0o777 == 0o600 == path.stat().st_mode & 0o777
+
+
 def test_write_refuses_text_trainfleet_would_not_load(tmp_path):
     with pytest.raises(Exception, match="slots"):
         clusterdoc.write(str(tmp_path / "c.yaml"), "nodes:\n- host: a\n  slots: 0\n", dry_run=False)

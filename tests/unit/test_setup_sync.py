@@ -11,8 +11,9 @@ import sys
 import pytest
 
 from trainfleet.cluster import Node, SshOptions
+from trainfleet.errors import SetupError
 from trainfleet.setup import transfer
-from trainfleet.setup.sync import copy_targets, storage_groups
+from trainfleet.setup.sync import _check_directory, copy_targets, storage_groups
 
 pytestmark = pytest.mark.unit
 
@@ -91,3 +92,14 @@ def test_the_prune_removes_exactly_what_this_machine_does_not_have(tmp_path):
     assert done.stdout.strip() == "3"  # stale.py, old/x.py, old/
     left = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
     assert left == ["outputs", "outputs/ckpt.bin", "pkg", "pkg/m.py", "train.py"]
+
+
+@pytest.mark.parametrize("directory", ["/", "/etc", "/usr/lib", "/var/lib/apt", "/mnt", "/tmp"])
+def test_sync_never_mirrors_a_system_or_top_level_directory(directory):
+    """#17: --delete on the nodes' copy of /etc or /usr would remove what this machine lacks."""
+    with pytest.raises(SetupError, match="refusing to sync"):
+        _check_directory(directory)
+
+
+def test_a_project_directory_is_fine(tmp_path):
+    assert _check_directory(str(tmp_path)) == str(tmp_path.resolve())

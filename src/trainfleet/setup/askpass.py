@@ -9,7 +9,10 @@ OpenSSH asks the program named by SSH_ASKPASS for the password when SSH_ASKPASS_
 (OpenSSH 8.4+). That program is a two-line shell script in a private temporary directory that
 prints one environment variable; the password lives only in the environment of that one ssh
 process and its askpass child, for the one copy. It is never written to a file, never put on
-a command line (where `ps` would show it), never logged, and forgotten when setup ends.
+a command line (where `ps` would show it), never logged, and forgotten when setup ends. No
+ssh master keeps it (ControlMaster=no). A node behind a ProxyJump/ProxyCommand is refused before
+the password is asked (setup/trust.py): the jump's own ssh would inherit that environment and
+answer the jump host's password question with it.
 """
 
 from __future__ import annotations
@@ -44,6 +47,10 @@ def password_ssh_argv(node: Node, remote_argv: Sequence[str]) -> list[str]:
         # One try: a wrong password fails fast instead of being sent again and again.
         "-oNumberOfPasswordPrompts=1",
         "-oPreferredAuthentications=keyboard-interactive,password",
+        # No shared connection: a user's `ControlMaster auto` + `ControlPersist` in
+        # ~/.ssh/config would keep a master, with the password in its environment, for minutes.
+        "-oControlMaster=no",
+        "-oControlPath=none",
         *ssh_options(node.ssh, multiplex=False),
         "--",
         node.host,

@@ -21,6 +21,7 @@ The text is validated with trainfleet's own parser before anything is written.
 from __future__ import annotations
 
 import copy
+import shutil
 from pathlib import Path
 
 import yaml
@@ -122,6 +123,6 @@ def write(path: str, text: str, *, dry_run: bool) -> str | None:
         target.write_text(text)
         return f"wrote {path}"
     backup = backup_name(path)
-    Path(backup).write_text(old)
+    shutil.copy2(path, backup)  # its mode too: a 0600 cluster.yaml keeps a 0600 backup
     target.write_text(text)
     return f"updated {path} (the old one is kept as {backup})"

@@ -50,7 +50,7 @@ def parse_ssh_g(text):
             out[key].append(value)
         elif key == "userknownhostsfile":
             out[key] = value.split()
-        elif key in ("hostname", "port", "user", "hostkeyalias"):
+        elif key in ("hostname", "port", "user", "hostkeyalias", "proxyjump", "proxycommand"):
             out[key] = value
     return out
 

@@ -73,13 +73,21 @@ def copy_targets(facts: dict[str, dict], local_hash: str | None) -> tuple[list[s
     return targets, same
 
 
+SYSTEM_DIRS = ("/etc", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/boot",
+               "/dev", "/proc", "/sys", "/run", "/var", "/root/.ssh")  # fmt: skip
+"""Never synced with --delete, nor anything under them."""
+
+
 def _check_directory(directory: str) -> str:
     path = Path(directory).expanduser().resolve()
     if not path.is_dir():
         raise SetupError(f"{directory} is not a directory here", "pass the code directory")
-    if path == Path("/") or path in (Path.home(), *Path.home().parents):
+    system = [Path(d) for d in SYSTEM_DIRS if path == Path(d) or Path(d) in path.parents]
+    if len(path.parts) <= 2 or path in (Path.home(), *Path.home().parents) or system:
+        what = "a system directory" if system else "/, a top-level directory or a home directory"
         raise SetupError(
-            f"refusing to sync {path} (/ or a home directory) with --delete",
+            f"refusing to sync {path} ({what}) with --delete: every node's copy would lose what"
+            " is not here",
             "pass the project's own directory",
         )
     return str(path)

@@ -55,6 +55,11 @@ def auth_pairs(facts: Mapping[str, dict]) -> list[tuple[str, str]]:
 # ----------------------------------------------------------------------------- step 2
 
 
+def _through_a_jump_host(node) -> bool:
+    settings = hostkeys.ssh_settings(node)
+    return any(settings.get(k, "none") != "none" for k in ("proxyjump", "proxycommand"))
+
+
 def _log_in(
     cluster: Cluster, pubkeys: dict[str, str], result: SetupResult, password: Password
 ) -> dict[str, str] | None:
@@ -75,6 +80,14 @@ def _log_in(
         return None
     if need:
         nodes = [cluster.node(h) for h in need]
+        proxied = [n.host for n in nodes if _through_a_jump_host(n)]
+        if proxied:
+            raise SetupError(
+                f"{fold_names(proxied)} is reached through a ProxyJump/ProxyCommand: its ssh"
+                " child would offer the one-time password to the jump host as well",
+                "install this machine's key there another way (ssh-copy-id NODE), then run"
+                " `trainfleet setup ssh` again",
+            )
         secret = password(need)
         here = socket.gethostname()
         stdin = {
