@@ -146,11 +146,6 @@ def _metachars(value: str) -> str:
     return " ".join(repr(ch) for ch in found)
 
 
-def valid_interface(name: object) -> bool:
-    """What cluster.yaml accepts as an `interface:` (a Linux interface name)."""
-    return isinstance(name, str) and bool(_IFACE_RE.match(name))
-
-
 def check_host(host: str, source: str, line: int | None) -> str:
     """Reject a host that is empty, starts with '-' or holds shell metacharacters."""
     if not host:

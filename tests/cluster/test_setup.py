@@ -165,14 +165,21 @@ def test_a_changed_host_key_is_shown_old_and_new_and_needs_more_than_yes(
     assert key in lines and old_key not in lines
 
 
+HOSTILE_NAMES = {"gpu-node-2": "*", "gpu-node-3": "gpu-node-3\n@cert-authority *"}
+"""What root on a node can make `hostname` print (the kernel takes a newline in it)."""
+
+
 def test_a_node_that_says_its_hostname_is_a_pattern_is_not_trusted_under_it(
     make_box, capsys, monkeypatch
 ):
-    """Root on a node sets its hostname; `*` in known_hosts would trust that node's key for
-    every host this machine and the other nodes ever ssh to (#17)."""
-    box = make_box(6, nodes=2, auth="password")
-    sshd = (box.state_dir / "nodes" / "gpu-node-2" / "sshd.pid").read_text().strip()
-    subprocess.run(["nsenter", "-t", sshd, "-u", "hostname", "*"], check=True)
+    """Root on a node sets its hostname: `*` in known_hosts would trust that node's key for
+    every host this machine and the other nodes ever ssh to, and a newline would add a line of
+    the node's choosing, here a CA for every host (#17)."""
+    box = make_box(6, nodes=3, auth="password")
+    for host, name in HOSTILE_NAMES.items():
+        sshd = (box.state_dir / "nodes" / host / "sshd.pid").read_text().strip()
+        rename = f"import socket; socket.sethostname({name!r})"
+        subprocess.run(["nsenter", "-t", sshd, "-u", sys.executable, "-c", rename], check=True)
     password = box.password_file.read_text()
     argv = ["setup", "ssh", "-c", str(box.cluster_file), "--password-stdin", "--yes", "--json"]
 
@@ -180,13 +187,17 @@ def test_a_node_that_says_its_hostname_is_a_pattern_is_not_trusted_under_it(
 
     doc = json.loads(out)
     assert code == 0, (doc, err)
-    assert any("gpu-node-2 says its hostname is '*'" in n for n in doc["notes"]), doc["notes"]
+    for host, name in HOSTILE_NAMES.items():
+        said = f"{host} says its hostname is {name!r}, which is not a host name"
+        assert any(said in n for n in doc["notes"]), doc["notes"]
     homes = [box.home, *(box.state_dir / "nodes" / n.hostname / "home" for n in box.nodes)]
     known = [Path(p) for p in _tree(*homes) if p.endswith("known_hosts")]
-    assert len(known) == 3, known  # this machine's and each node's
+    assert len(known) == 4, known  # this machine's and each node's
     for path in known:
-        names = {line.split()[0] for line in path.read_text().splitlines() if line.strip()}
-        assert "gpu-node-2" in names and not any("*" in n or "@" in n for n in names), names
+        lines = [line for line in path.read_text().splitlines() if line.strip()]
+        names = {line.split()[0] for line in lines}
+        assert {"gpu-node-2", "gpu-node-3"} <= names, names
+        assert not any("*" in n or n.startswith("@") for n in names), lines
 
 
 def _iptables(box: sandbox.Sandbox, which: int) -> list[str]:

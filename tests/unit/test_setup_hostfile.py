@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import yaml
 
@@ -68,6 +70,7 @@ def test_write_is_idempotent_and_keeps_the_old_file(tmp_path):
     first = "nodes:\n- host: a\n  slots: 1\n"
     assert clusterdoc.write(path, first, dry_run=True) == f"would write {path}"
     assert clusterdoc.write(path, first, dry_run=False) == f"wrote {path}"
+    assert os.stat(path).st_mode & 0o777 == 0o600  # its env may hold secrets (#17)
     assert clusterdoc.write(path, first, dry_run=False) is None
     changed = clusterdoc.write(path, first.replace("1", "8"), dry_run=False)
     assert changed.startswith(f"updated {path} (the old one is kept as ")

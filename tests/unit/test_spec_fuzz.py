@@ -24,7 +24,7 @@ pytestmark = pytest.mark.unit
 SAFE_HOST = re.compile(r"[A-Za-z0-9_:][A-Za-z0-9_.:%-]*")  # no leading "-"; fullmatch, not $
 
 FUZZ = settings(
-    max_examples=250,
+    max_examples=2000,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )

@@ -28,13 +28,14 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainfleet.cluster import Cluster, backup_name, parse_cluster_yaml, valid_interface
+from trainfleet.cluster import Cluster, backup_name, parse_cluster_yaml
 from trainfleet.doctor import DoctorReport
 from trainfleet.doctor.findings import Finding, Severity
 from trainfleet.errors import SpecError, TrainfleetError
+from trainfleet.files import write_private
 from trainfleet.remote import Failure, run_on_nodes
 from trainfleet.spec_yaml import LineDict, LineList, load_yaml_with_lines
-from trainfleet.sshnames import valid_key, valid_name
+from trainfleet.untrusted import valid_interface, valid_key, valid_name
 
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 THIS_MACHINE = "this machine"
@@ -412,10 +413,9 @@ def apply_plan(plan: FixPlan, cluster: Cluster) -> list[str]:
         fix = plan.interfaces
         if fix.backup:
             shutil.copy2(fix.path, fix.backup)
-            Path(fix.path).write_text(fix.text)
+            write_private(fix.path, fix.text)
             done.append(f"{fix.path}: interfaces pinned (old file: {fix.backup})")
         else:
-            with open(fix.path, "x") as f:
-                f.write(fix.text)
+            write_private(fix.path, fix.text, exclusive=True)
             done.append(f"{fix.path}: written; pass it with -c {fix.path}")
     return done

@@ -31,6 +31,7 @@ from trainfleet.doctor import DoctorReport, run_doctor
 from trainfleet.doctor.checks.network import listeners_besides_probe
 from trainfleet.doctor.findings import Severity
 from trainfleet.errors import TrainfleetError
+from trainfleet.files import write_private
 from trainfleet.launch import shim, stacks
 from trainfleet.launch.deepspeed import (
     DeepSpeedPlan,
@@ -173,7 +174,7 @@ def launch(
 ) -> LaunchResult:
     """Run the plan; a run whose ranks did not all join gets doctor's findings as diagnosis."""
     run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    (run_dir / "env.txt").write_text(_env_record(plan))
+    write_private(run_dir / "env.txt", _env_record(plan))
     about = {
         "run_id": plan.options.run_id,
         "backend": plan.options.backend,
@@ -182,7 +183,7 @@ def launch(
         "world_size": plan.world_size,
         "ranks": {host: [r.start, r.stop - 1] for host, r in plan.rank_ranges().items()},
     }
-    (run_dir / "run.json").write_text(json.dumps(about, indent=2) + "\n")
+    write_private(run_dir / "run.json", json.dumps(about, indent=2) + "\n")
 
     def diagnose() -> list:
         report = run_doctor(cluster, quick=True)
@@ -204,7 +205,7 @@ def launch(
                          dump_stacks=dump_stacks, restarts=restarts)  # fmt: skip
 
     (run_dir / "hostfile").write_text(plan.hostfile)
-    (run_dir / "deepspeed_env").write_text(plan.ds_env)
+    write_private(run_dir / "deepspeed_env", plan.ds_env)
     python = {n.host: node_files_argv(n.python) for n in cluster.nodes}
     shim_source = Path(shim.__file__).read_text()
     pushed = run_on_nodes(

@@ -27,6 +27,7 @@ from pathlib import Path
 import yaml
 
 from trainfleet.cluster import Cluster, backup_name, parse_cluster_yaml
+from trainfleet.files import write_private
 
 
 def load_document(path: str) -> tuple[str, dict]:
@@ -120,9 +121,9 @@ def write(path: str, text: str, *, dry_run: bool) -> str | None:
         return f"would write {path}" if old is None else f"would update {path}"
     if old is None:
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text)
+        write_private(target, text)  # its env may hold secrets
         return f"wrote {path}"
     backup = backup_name(path)
     shutil.copy2(path, backup)  # its mode too: a 0600 cluster.yaml keeps a 0600 backup
-    target.write_text(text)
+    write_private(target, text)
     return f"updated {path} (the old one is kept as {backup})"

@@ -14,10 +14,11 @@ that removes it again; `fwapply` records those. A firewall is never disabled or 
 
 from __future__ import annotations
 
-import ipaddress
 import re
 import shlex
 from dataclasses import dataclass
+
+from trainfleet.untrusted import valid_interface, valid_peer, valid_word
 
 TAG = "trainfleet"
 """The comment on every rule setup adds: how a person (and --revert's checks) tell them apart."""
@@ -25,28 +26,6 @@ BACKENDS = ("iptables", "nftables", "ufw", "firewalld")
 
 
 NFT_FAMILIES = ("ip", "ip6", "inet", "arp", "bridge", "netdev")
-_IFACE = re.compile(r"[A-Za-z0-9_.-]{1,15}")
-_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-"""nftables table and chain names, firewalld zones: nft joins its arguments into one command
-line and parses it, so a name from a node's ruleset must be a plain word."""
-
-
-def valid_iface(name: object) -> bool:
-    """A Linux interface name (at most 15 characters), nothing a tool reads as syntax."""
-    return isinstance(name, str) and bool(_IFACE.fullmatch(name)) and name not in (".", "..")
-
-
-def valid_name(name: object) -> bool:
-    return isinstance(name, str) and bool(_NAME.fullmatch(name))
-
-
-def valid_peer(address: object) -> bool:
-    """A unicast IPv4 address a peer node can have (not 0.0.0.0, loopback or multicast)."""
-    try:
-        ip = ipaddress.IPv4Address(address)
-    except (ValueError, TypeError):
-        return False
-    return not (ip.is_unspecified or ip.is_loopback or ip.is_multicast or ip.is_reserved)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +71,7 @@ def nft_input_chains(ruleset: str) -> list[NftChain]:
     for raw in ruleset.splitlines():
         line = raw.strip()
         if m := re.match(r"table (\w+) (\S+) \{", line):
-            if m.group(1) not in NFT_FAMILIES or not valid_name(m.group(2)):
+            if m.group(1) not in NFT_FAMILIES or not valid_word(m.group(2)):
                 close()
                 table, chain, hooked, filters = None, None, False, False
                 continue
@@ -101,7 +80,7 @@ def nft_input_chains(ruleset: str) -> list[NftChain]:
         elif m := re.match(r"chain (\S+) \{", line):
             close()
             chain, hooked, filters = m.group(1), False, False
-            if not valid_name(chain):
+            if not valid_word(chain):
                 chain = None
         elif chain and "hook input" in line:
             hooked = True
@@ -230,8 +209,8 @@ def revert_is_ours(backend: str, argv: list[str]) -> bool:
                 argv[:3] == ["nft", "delete", "rule"]
                 and len(argv) == 8
                 and family in NFT_FAMILIES
-                and valid_name(table)
-                and valid_name(chain)
+                and valid_word(table)
+                and valid_word(chain)
                 and argv[6] == "handle"
                 and argv[7].isdigit()
             )
@@ -245,14 +224,14 @@ def revert_is_ours(backend: str, argv: list[str]) -> bool:
             zone = argv[1].removeprefix("--zone=") if argv[1].startswith("--zone=") else None
             found = re.search(r'source address="([0-9.]+)/32"', argv[-1])
             iface, peer = "lo", found.group(1) if found else ""
-            if zone is not None and not valid_name(zone):
+            if zone is not None and not valid_word(zone):
                 return False
             expected = [r.revert for r in _firewalld(iface, peer, zone=zone)]
         else:
             return False
     except IndexError:
         return False
-    return valid_iface(iface) and valid_peer(peer) and tuple(argv) in expected
+    return valid_interface(iface) and valid_peer(peer) and tuple(argv) in expected
 
 
 def nft_handle(output: str) -> str | None:

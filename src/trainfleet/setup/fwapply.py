@@ -29,6 +29,7 @@ from trainfleet.setup.fwstate import (
     save_state,
 )
 from trainfleet.setup.result import Confirm, SetupResult
+from trainfleet.untrusted import valid_interface, valid_peer, valid_word
 
 TIMEOUT_S = 30
 
@@ -49,7 +50,7 @@ def plan_rules(
     for host in blocked:
         facts = survey.facts[host]
         iface = chosen.get(host)
-        if not firewall.valid_iface(iface):
+        if not valid_interface(iface):
             notes.append(
                 f"{host}: TCP to it is dropped, but it has no interface with a route to the"
                 f" master that a rule could name (found {iface!r}); no rule for it"
@@ -58,7 +59,7 @@ def plan_rules(
         peers = []
         for peer, sheet in survey.facts.items():
             address = _address(sheet, chosen.get(peer)) if peer != host else None
-            if address and firewall.valid_peer(address):
+            if address and valid_peer(address):
                 peers.append(address)
             elif address:  # what a node reports is its own word: never a rule for `any`
                 notes.append(
@@ -98,7 +99,7 @@ def _firewalld_zones(cluster: Cluster, survey: Survey, blocked: list[str]) -> di
     argv = {h: ["firewall-cmd", f"--get-zone-of-interface={chosen[h]}"] for h in hosts}
     results = run_on_nodes([cluster.node(h) for h in hosts], argv, timeout=TIMEOUT_S)
     zones = {r.node: r.stdout.strip() for r in results if r.ok}
-    return {host: zone for host, zone in zones.items() if firewall.valid_name(zone)}
+    return {host: zone for host, zone in zones.items() if valid_word(zone)}
 
 
 def _sudo(nodes: Sequence[Node]) -> dict[str, list[str]]:

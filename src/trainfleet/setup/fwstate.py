@@ -18,6 +18,7 @@ from pathlib import Path
 
 from trainfleet.cluster import Cluster
 from trainfleet.errors import SetupError
+from trainfleet.files import write_private
 from trainfleet.remote import run_on_nodes
 from trainfleet.setup import firewall
 from trainfleet.setup.result import SetupResult
@@ -71,10 +72,8 @@ def save_state(path: str, state: dict) -> None:
         return
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(f"{path}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(json.dumps(state, indent=2) + "\n")
-    os.chmod(tmp, 0o600)  # a tmp file left by an older version may have another mode
+    tmp.unlink(missing_ok=True)  # one an older version left may have another mode
+    write_private(tmp, json.dumps(state, indent=2) + "\n", exclusive=True)
     os.replace(tmp, path)
 
 

@@ -13,7 +13,7 @@ reach a node by its alias, its own hostname or its address. Every one of those n
 line, so that none of them stops a non-interactive ssh with a host key question. A name that
 already has another key of the same type is a *changed* key: it is only replaced after the
 user saw the old and the new fingerprint and said yes (never StrictHostKeyChecking=no).
-A name or a key goes into a known_hosts line only when it is plain (`trainfleet.sshnames`).
+A name or a key goes into a known_hosts line only when it is plain (`trainfleet.untrusted`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from trainfleet.cluster import Node
 from trainfleet.doctor.fix import fingerprint, keyscan
 from trainfleet.remote import ssh_options
 from trainfleet.setup import nodejob
-from trainfleet.sshnames import valid_key, valid_name
+from trainfleet.untrusted import valid_key, valid_name
 
 
 @dataclass(kw_only=True, slots=True)

@@ -1,0 +1,67 @@
+"""The checks every word a node reports passes before trainfleet writes it anywhere: known_hosts
+(host names, keys), firewall rules (addresses, interfaces, nftables and firewalld names) and
+cluster.yaml (interfaces). Root on a node controls what it reports: its `hostname`, its `ip`
+output, ssh-keyscan's answer, the text in its probe's report. A node reporting `*` as its name,
+or a name holding a newline and `@cert-authority * KEY`, would otherwise have its key trusted for
+every host; an interface `ens1\n    env: {LD_PRELOAD: ...}` would reach every node's launch.
+
+    >>> [valid_name(n) for n in ("gpu-node-1", "10.0.0.11", "fe80::2", "*", "a\\n@cert-authority")]
+    [True, True, True, False, False]
+    >>> valid_name("gpu-node-1\\n"), valid_name("fe80::1%x *"), valid_name("10.0.0.1,*")
+    (False, False, False)
+    >>> valid_key("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIB"), valid_key("@cert-authority *")
+    (True, False)
+    >>> valid_interface("ens14f0"), valid_interface("ens1\\n  env: {}"), valid_peer("0.0.0.0")
+    (True, False, False)
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+
+_LABEL = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
+_KEY = re.compile(r"(?:ssh|ecdsa|sk)-[A-Za-z0-9@.-]+ [A-Za-z0-9+/]+={0,2}")
+_ADDRESS = re.compile(r"[0-9A-Fa-f:.]+")
+"""An IP address as written, without a zone (`%eth0` may hold any character)."""
+
+
+def valid_name(name: str) -> bool:
+    """A host name (dot-separated labels of letters, digits, `-` and `_`) or an IP address:
+    nothing known_hosts reads as a pattern (`*`, `?`, `!`, `,`), a marker or a second line."""
+    if _ADDRESS.fullmatch(name):
+        try:
+            ipaddress.ip_address(name)
+            return True
+        except ValueError:
+            pass
+    return 0 < len(name) <= 253 and all(_LABEL.fullmatch(label) for label in name.split("."))
+
+
+def valid_key(key: str) -> bool:
+    """`type base64`, as ssh-keyscan prints a key after the host name."""
+    return bool(_KEY.fullmatch(key))
+
+
+_IFACE = re.compile(r"[A-Za-z0-9_.-]{1,15}")
+_WORD = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+def valid_interface(name: object) -> bool:
+    """A Linux interface name (at most 15 characters), nothing a tool or YAML reads as syntax."""
+    return isinstance(name, str) and bool(_IFACE.fullmatch(name)) and name not in (".", "..")
+
+
+def valid_word(name: object) -> bool:
+    """A plain word (nftables table and chain names, firewalld zones): nft joins its arguments
+    into one command line and parses it, so a name from a node's ruleset must be one."""
+    return isinstance(name, str) and bool(_WORD.fullmatch(name))
+
+
+def valid_peer(address: object) -> bool:
+    """A unicast IPv4 address a peer node can have (not 0.0.0.0, loopback or multicast)."""
+    try:
+        ip = ipaddress.IPv4Address(address)
+    except (ValueError, TypeError):
+        return False
+    return not (ip.is_unspecified or ip.is_loopback or ip.is_multicast or ip.is_reserved)
