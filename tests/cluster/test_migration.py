@@ -155,17 +155,26 @@ def test_the_runner_s_environment_reaches_every_rank(box, tmp_path, backend):
     on every rank, as DeepSpeed's runner gives them."""
     home = tmp_path / "home"
     home.mkdir()
-    (home / ".deepspeed_env").write_text("FROM_DEEPSPEED_ENV=yes\n")
+    # A token under a name that says nothing, and one in the script's arguments: both reach
+    # the ranks, neither is written into the run directory (#17).
+    token, flag_token = "hf_" + "A1b2" * 9, "hf_" + "Z9y8" * 9
+    (home / ".deepspeed_env").write_text(f"FROM_DEEPSPEED_ENV=yes\nHUB_UPLOAD={token}\n")
     shell = {"HOME": str(home), "NCCL_DEBUG": "INFO", "PYTHONFAULTHANDLER": "1"}
     code, out = trainfleet(
         box, f"--backend={backend}", "--run-dir", str(tmp_path / "run"), "--",
         str(SCRIPTS / "print_env.py"), "NCCL_DEBUG", "PYTHONFAULTHANDLER", "FROM_DEEPSPEED_ENV",
-        cwd=tmp_path, env=shell,
+        "HUB_UPLOAD", f"--hub_token={flag_token}", cwd=tmp_path, env=shell,
     )  # fmt: skip
     assert code == 0, out
     for rank, node in enumerate(NODES):
-        said = "NCCL_DEBUG=INFO PYTHONFAULTHANDLER=1 FROM_DEEPSPEED_ENV=yes"
+        said = f"NCCL_DEBUG=INFO PYTHONFAULTHANDLER=1 FROM_DEEPSPEED_ENV=yes HUB_UPLOAD={token}"
         assert f"[{node}:{rank}] rank {rank}: {said}" in out, out
+    written = [p for p in (tmp_path / "run").rglob("*") if p.is_file() and "logs" not in p.parts]
+    assert {p.name for p in written} >= {"env.txt", "run.json"}, written
+    for path in written:
+        text = path.read_text(errors="replace")
+        assert token not in text and flag_token not in text, path
+    assert "--hub_token=***" in (tmp_path / "run" / "run.json").read_text()
 
 
 @pytest.mark.parametrize(
