@@ -190,6 +190,8 @@ def test_clients_without_a_name_on_the_master_are_c10ds_err_3(survey):
         evidence=[f"::ffff:{n3} ({N3})", "Errno -3", "err=-3"],
         fix=[f"::ffff:{n3} {N3}-ipv4-mapped", "/etc/hosts", MASTER],
     )
+    survey.facts[MASTER]["ipv6_disabled"] = "1"  # no dual stack: c10d sees plain IPv4
+    assert network.check_client_names(survey) == []
 
 
 def test_ipv6_only_master_name(survey):

@@ -192,7 +192,10 @@ def check_hostnames(survey: Survey) -> list[Finding]:
 def check_client_names(survey: Survey) -> list[Finding]:
     """The master's names for its clients' IPv4-mapped addresses (c10d's `err=-3` line)."""
     master = survey.cluster.master
-    lookups = survey.facts.get(master, {}).get("client_names") or {}
+    facts = survey.facts.get(master, {})
+    if str(facts.get("ipv6_disabled")).strip() == "1":
+        return []  # c10d then listens on IPv4 alone and sees its clients' own addresses
+    lookups = facts.get("client_names") or {}
     addresses = survey.addresses
     node_of = {address: host for host, address in addresses.items() if address}
     failed = {a: r for a, r in lookups.items() if "error" in r}
