@@ -59,6 +59,9 @@ def test_an_empty_or_missing_output_directory_is_fine(tmp_path):
     check_output_dir(tmp_path)
     _save(tmp_path, 4, complete=True)
     check_output_dir(tmp_path)  # its own checkpoints: a resume
+    (tmp_path / "checkpoint-8").mkdir()  # a kill between begin_save's mkdir and its mark
+    check_output_dir(tmp_path)
+    assert checkpoints.remove_partial(tmp_path) == [tmp_path / "checkpoint-8"]
 
 
 def test_latest_names_a_checkpoint_only_after_everything_in_it_is_on_disk(tmp_path, monkeypatch):

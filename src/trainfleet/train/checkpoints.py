@@ -61,9 +61,16 @@ def ours(path: Path) -> bool:
     return (path / SAVING).exists() or (path / COMPLETE).exists()
 
 
+def _empty(path: Path) -> bool:
+    return path.is_dir() and not any(path.iterdir())
+
+
 def foreign_checkpoints(output: Path) -> list[Path]:
-    """`checkpoint-N` directories trainfleet did not write (no mark of its own)."""
-    return [p for p in _checkpoints(output) if not ours(p)] if output.is_dir() else []
+    """`checkpoint-N` directories trainfleet did not write (no mark of its own; an empty one is
+    what a kill between begin_save's mkdir and its mark leaves, and holds nothing)."""
+    if not output.is_dir():
+        return []
+    return [p for p in _checkpoints(output) if not ours(p) and not _empty(p)]
 
 
 def _fsync(path: Path) -> None:
@@ -104,7 +111,9 @@ def remove_partial(output: Path) -> list[Path]:
     """trainfleet's checkpoints never marked complete (a crash during their save): removed
     before a resume, so that nothing can pick them up. Returns what was removed."""
     removed = [
-        p for p in _checkpoints(output) if (p / SAVING).exists() and not (p / COMPLETE).exists()
+        p
+        for p in _checkpoints(output)
+        if ((p / SAVING).exists() and not (p / COMPLETE).exists()) or _empty(p)
     ]
     for path in removed:
         shutil.rmtree(path, ignore_errors=True)
