@@ -254,6 +254,7 @@ def test_the_state_file_is_private_and_an_edited_one_runs_nothing(tmp_path, monk
         ["iptables", "-D", "INPUT", "-i", "eth0", "-s", "0.0.0.0/0", "-j", "ACCEPT"],
         ["nft", "delete", "rule", "inet", "filter;flush ruleset", "input", "handle", "11"],
         "iptables -D INPUT",
+        ["nft", "delete"],
     ):
         state["nodes"]["gpu-node-1"][0]["revert"] = evil
         state_file.write_text(json.dumps(state))

@@ -212,7 +212,7 @@ def revert_is_ours(backend: str, argv: list[str]) -> bool:
                 and valid_word(table)
                 and valid_word(chain)
                 and argv[6] == "handle"
-                and argv[7].isdigit()
+                and (argv[7].isdigit() or argv[7] == "?")  # "?": nft printed no handle
             )
         if backend == "iptables":
             iface, peer = argv[4], argv[6].removesuffix("/32")
@@ -229,7 +229,7 @@ def revert_is_ours(backend: str, argv: list[str]) -> bool:
             expected = [r.revert for r in _firewalld(iface, peer, zone=zone)]
         else:
             return False
-    except IndexError:
+    except (IndexError, ValueError):
         return False
     return valid_interface(iface) and valid_peer(peer) and tuple(argv) in expected
 
