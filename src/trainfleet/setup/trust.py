@@ -26,7 +26,7 @@ import socket
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
-from trainfleet.cluster import Cluster
+from trainfleet.cluster import Cluster, Node
 from trainfleet.doctor.collect import Survey
 from trainfleet.doctor.findings import Severity
 from trainfleet.errors import SetupError
@@ -55,7 +55,7 @@ def auth_pairs(facts: Mapping[str, dict]) -> list[tuple[str, str]]:
 # ----------------------------------------------------------------------------- step 2
 
 
-def _through_a_jump_host(node) -> bool:
+def _through_a_jump_host(node: Node) -> bool:
     settings = hostkeys.ssh_settings(node)
     return any(settings.get(k, "none") != "none" for k in ("proxyjump", "proxycommand"))
 
