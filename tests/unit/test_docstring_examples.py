@@ -34,6 +34,7 @@ MODULES = [
     "trainfleet.untrusted",
     "trainfleet.files",
     "trainfleet.launch.restarts",
+    "trainfleet.launch.rootcause",
     "trainfleet.procs",
     "trainfleet.status",
     "trainfleet.status.human",

@@ -77,3 +77,37 @@ def test_a_silent_exit_reported_by_the_shim_beats_the_consequences_of_other_rank
     root = tracker.root_cause("n1")
     assert (root.node, root.rank, root.exitcode) == ("n2", 3, 3)
     assert root.text == "rank 3 exited with code 3"
+
+
+@pytest.mark.parametrize(
+    ("last_line", "says"),
+    [
+        # seen here: TRL's sft.py, a ZeRO-3 JSON with "train_batch_size": "auto", --use_cpu
+        ("AssertionError: Check batch related parameters. train_batch_size is not equal to "
+         "micro_batch_per_gpu * gradient_acc_step * world_size 8 != 4 * 1 * 1",
+         "leave train_batch_size out"),
+        ("RuntimeError: Ninja is required to load C++ extensions", "pip install ninja"),
+        ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+         "trainfleet plan"),
+        ("RuntimeError: CUDA error: invalid device ordinal", "nvidia-smi -L"),
+        ("ModuleNotFoundError: No module named 'flash_attn'", "python:"),
+        ("OSError: [Errno 28] No space left on device", "free space"),
+    ],
+)  # fmt: skip
+def test_a_root_cause_with_a_known_cause_comes_with_its_fix(last_line, says):
+    tracker = ErrorTracker()
+    _traceback(tracker, 1.0, "gpu-node-2", 1, last_line)
+    root = tracker.root_cause()
+    assert root.text == last_line
+    assert says in root.to_json()["fix"]
+
+
+def test_an_unknown_error_has_no_made_up_fix():
+    tracker = ErrorTracker()
+    _traceback(tracker, 1.0, "gpu-node-2", 1, "ValueError: bad shape (3, 4)")
+    assert tracker.root_cause().to_json()["fix"] is None
+    # a batch assertion that counted the ranks right is the user's own mismatch, not this one
+    from trainfleet.launch.rootcause import known_fix
+
+    right = "AssertionError: ... world_size 8 != 2 * 1 * 2"
+    assert known_fix(right) is None

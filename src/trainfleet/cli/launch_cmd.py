@@ -168,6 +168,7 @@ def _render_findings(findings) -> list[str]:
 
 def render_outcome(result, plan) -> str:
     from trainfleet.launch import RunState
+    from trainfleet.launch.rootcause import known_fix
 
     logs = result.run_dir / "logs"
     head = f"trainfleet: {result.state.value} after {result.seconds:.1f} s"
@@ -178,6 +179,9 @@ def render_outcome(result, plan) -> str:
     if root and result.state is not RunState.DONE:
         where = f"{root.node} rank {root.rank}" if root.rank is not None else root.node
         lines.append(f"root cause: {where}: {root.text}")
+        fix = known_fix(root.text)
+        if fix:
+            lines.append(f"  fix: {fix}")
         log = f"{root.node}.rank{root.rank}.log" if root.rank is not None else f"{root.node}.log"
         lines.append(f"  its log: {logs / log}")
     elif result.state is RunState.FAILED and result.first_failure:

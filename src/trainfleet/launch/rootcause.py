@@ -42,6 +42,64 @@ _SUMMARY_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
 _SUMMARY_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
 
 
+KNOWN_ERRORS: list[tuple[re.Pattern, str]] = [
+    (
+        re.compile(r"world_size \d+ != \d+ \* \d+ \* 1\b|train_batch_size is not equal to.* 1$"),
+        "DeepSpeed counted one rank: under HF Trainer's --use_cpu, ZeRO-3's zero.Init reads the"
+        " JSON before DeepSpeed's communication is up; leave train_batch_size out of the JSON"
+        " (DeepSpeed computes it), see docs/migration.md",
+    ),
+    (
+        re.compile(r"Ninja is required to load C\+\+ extensions"),
+        "ninja is not on the PATH the ranks get on that node: `pip install ninja` into the"
+        " node's Python, or record its PATH with `trainfleet setup env` (doctor: ninja-missing)",
+    ),
+    (
+        re.compile(r"errno: 98 - Address already in use|EADDRINUSE"),
+        "a port the job needs is taken (a leftover run?): `trainfleet doctor` names the"
+        " process holding it; stop it or pass --master-port",
+    ),
+    (
+        re.compile(r"CUDA out of memory|OutOfMemoryError"),
+        "the GPU ran out of memory: `trainfleet plan` gives the memory per GPU term by term;"
+        " lower the micro batch or sequence length, raise the ZeRO stage, offload, or turn on"
+        " activation checkpointing",
+    ),
+    (
+        re.compile(r"invalid device ordinal"),
+        "a rank asked for a GPU that node does not have: compare its slots with `nvidia-smi -L`"
+        " there (`trainfleet doctor` counts them: gpu-count-mismatch)",
+    ),
+    (
+        re.compile(r"all CUDA-capable devices are busy or unavailable"),
+        "another process holds that node's GPUs: `trainfleet doctor` names it (gpu-busy)",
+    ),
+    (
+        re.compile(r"No space left on device|Disk quota exceeded"),
+        "a disk filled on that node: free space where the job writes (output, /tmp, /dev/shm)",
+    ),
+    (
+        re.compile(r"No module named '([\w.]+)'"),
+        "that node's Python lacks the package: install it there, or point cluster.yaml's"
+        " `python:` at the environment that has it (`trainfleet doctor` compares versions)",
+    ),
+]
+"""Error texts whose cause and fix are known (PITFALLS ids in the fixes where doctor checks
+them): shown beside the root cause."""
+
+
+def known_fix(text: str) -> str | None:
+    """The fix for a root-cause line whose cause is known, else None.
+
+    >>> known_fix("RuntimeError: Ninja is required to load C++ extensions").split(":")[0]
+    'ninja is not on the PATH the ranks get on that node'
+    """
+    for pattern, fix in KNOWN_ERRORS:
+        if pattern.search(text):
+            return fix
+    return None
+
+
 @dataclass(kw_only=True, slots=True, frozen=True)
 class RankError:
     time: float
@@ -58,6 +116,7 @@ class RankError:
             "error": self.text,
             "consequence": self.consequence,
             "exitcode": self.exitcode,
+            "fix": known_fix(self.text),
         }
 
 
