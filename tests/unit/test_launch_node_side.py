@@ -156,6 +156,25 @@ def test_the_shim_marks_start_and_the_real_gloo_init_and_keeps_the_scripts_exit_
     ]
 
 
+@pytest.mark.parametrize(
+    ("ending", "code", "left_initialized"),
+    [("", 0, "False"), ("sys.exit(0)\n", 0, "False"), ("sys.exit(3)\n", 3, "True")],
+)
+def test_a_process_group_a_successful_script_left_is_destroyed_before_teardown(
+    tmp_path, ending, code, left_initialized
+):
+    # The CI run of 2026-11-24 lost an Accelerate job to gloo aborting one rank at exit
+    # ("terminate called without an active exception") after every rank had printed its result.
+    script = (
+        "import atexit, sys, torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\n"
+        "atexit.register(lambda: print('initialized at exit', dist.is_initialized()))\n" + ending
+    )
+    done = _run_shim(tmp_path, script)
+    assert done.returncode == code, done.stderr
+    assert done.stdout == f"initialized at exit {left_initialized}\n"
+
+
 def test_prefixed_output_tags_every_line_of_the_rank_and_its_children(tmp_path):
     script = (
         "import subprocess, sys\n"

@@ -6,7 +6,9 @@
 It reports, on stderr, when the rank started, entered `torch.distributed.init_process_group`
 and came out of it (what the launcher's join watchdog counts), adds `--local_rank=N` for
 scripts that expect the argument (seed 004: DeepSpeed's runner passes it, torchrun does not),
-then runs the script as `__main__`: its exceptions, exit codes and output are its own.
+then runs the script as `__main__`: its exceptions, exit codes and output are its own. A
+script that succeeded without `destroy_process_group()` gets it called for it (see
+release_process_group).
 
 What runs: `-m MODULE` and `*.py` files with runpy, in this process. Any other first word is
 looked up as torchrun's --no-python would (a path, else the node's PATH): a console script of
@@ -262,12 +264,34 @@ def main(argv):
     except SystemExit as exc:
         # The rank's own exit code, which launchers report imprecisely or not at all.
         code = exc.code
-        mark("exit=%d" % (code if isinstance(code, int) else (0 if code is None else 1)))
+        status = code if isinstance(code, int) else (0 if code is None else 1)
+        if status == 0:
+            release_process_group()
+        mark("exit=%d" % status)
         raise
     except BaseException:
         mark("exit=1")  # what the interpreter exits with after an uncaught exception
         raise
+    release_process_group()
     mark("exit=0")
+
+
+def release_process_group():
+    """Destroys the default process group a script that succeeded left behind.
+
+    Without it, gloo's worker threads can outlive the interpreter's teardown and abort a rank
+    that had finished its work ("terminate called without an active exception", exit -6),
+    failing the run after the fact. Only after success: a rank that failed may have peers
+    still inside a collective, where destroying could block (torchtitan destroys only then).
+    """
+    dist = sys.modules.get("torch.distributed")
+    if dist is None:
+        return
+    try:
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception as exc:  # the script's work is done: say so, and let the rank exit 0
+        sys.stderr.write("trainfleet shim: destroying the process group at exit: %s\n" % exc)
 
 
 if __name__ == "__main__":
