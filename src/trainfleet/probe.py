@@ -98,10 +98,11 @@ def client_names(addresses, limit):
         start = time.time()
         try:
             name = socket.getnameinfo(("::ffff:" + address, 0, 0, 0), socket.NI_NUMERICSERV)[0]
-            found[address] = {"name": name}
+            outcome = {"name": name}
         except (OSError, ValueError) as exc:
-            found[address] = {"error": str(exc)}
-        found[address]["seconds"] = round(time.time() - start, 3)
+            outcome = {"error": str(exc)}
+        outcome["seconds"] = round(time.time() - start, 3)
+        found[address] = outcome  # whole, in one step: the caller may read it at its deadline
 
     threads = [threading.Thread(target=lookup, args=(a,), daemon=True) for a in addresses]
     for thread in threads:
@@ -109,10 +110,8 @@ def client_names(addresses, limit):
     deadline = time.time() + limit
     for thread in threads:
         thread.join(max(0.0, deadline - time.time()))
-    return {
-        a: dict(found.get(a) or {"error": "no answer in %gs" % limit, "seconds": limit})
-        for a in addresses
-    }
+    late = {"error": "no answer in %gs" % limit, "seconds": limit}
+    return {a: found.get(a) or dict(late) for a in addresses}
 
 
 def interfaces():

@@ -38,6 +38,12 @@ def valid_name(name: str) -> bool:
     return 0 < len(name) <= 253 and all(_LABEL.fullmatch(label) for label in name.split("."))
 
 
+def valid_known_hosts_name(name: str) -> bool:
+    """`valid_name`, or `[name]:port` as known_hosts writes a host on another port."""
+    bracketed = re.fullmatch(r"\[(.+)\]:\d+", name)
+    return valid_name(bracketed.group(1) if bracketed else name)
+
+
 def valid_key(key: str) -> bool:
     """`type base64`, as ssh-keyscan prints a key after the host name."""
     return bool(_KEY.fullmatch(key))

@@ -160,7 +160,7 @@ def test_the_password_never_reaches_a_shared_master_or_a_jump_host():
     """#17: a user's ControlMaster/ControlPersist would keep the password in a master for
     minutes; a ProxyJump's ssh would offer it to the jump host."""
     from trainfleet.cluster import SshOptions
-    from trainfleet.setup import trust
+    from trainfleet.setup import hostkeys
 
     node = Node(host="gpu-node-2", slots=1, gpu_ids=(0,), python="python3")
     argv = askpass.password_ssh_argv(node, ["true"])
@@ -168,4 +168,5 @@ def test_the_password_never_reaches_a_shared_master_or_a_jump_host():
     assert "-oControlPath=none" in argv
     jumped = Node(host="gpu-node-3", slots=1, gpu_ids=(0,), python="python3",
                   ssh=SshOptions(options=("-o", "ProxyJump=bastion")))  # fmt: skip
-    assert trust._through_a_jump_host(jumped) and not trust._through_a_jump_host(node)
+    # what setup_ssh checks before it asks for the password (trust._log_in)
+    assert hostkeys.target_of(jumped).proxied and not hostkeys.target_of(node).proxied

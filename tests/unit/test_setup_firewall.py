@@ -166,21 +166,35 @@ class FakeFirewalls:
         )
 
 
-def test_revert_removes_exactly_what_apply_recorded(tmp_path, monkeypatch):
+def _two_nodes(monkeypatch):
+    """A cluster of two nodes whose firewalls are FakeFirewalls; and the rules setup would add:
+    iptables on gpu-node-1, an nftables chain on gpu-node-2."""
     cluster = load_cluster(hosts="gpu-node-1,gpu-node-2")
     fake = FakeFirewalls(["gpu-node-1", "gpu-node-2"])
     monkeypatch.setattr(fwapply, "run_on_nodes", fake.run)
     monkeypatch.setattr(fwstate, "run_on_nodes", fake.run)
-    # the user's own rule, identical but for the comment, must survive the revert
-    user_rule = ("-i", "eth0", "-s", "10.0.0.12/32", "-p", "tcp", "-j", "ACCEPT")
-    fake.iptables["gpu-node-1"].append(user_rule)
-    before_ipt = {h: list(r) for h, r in fake.iptables.items()}
-    before_nft = {h: dict(r) for h, r in fake.nft.items()}
     chain = firewall.NftChain("inet", "filter", "input", True)
     rules = {
         "gpu-node-1": firewall.allow_rules("iptables", "eth0", ["10.0.0.12"]),
         "gpu-node-2": firewall.allow_rules("nftables", "eth0", ["10.0.0.11"], chains=[chain]),
     }
+    return cluster, fake, rules
+
+
+def _applied(tmp_path, monkeypatch):
+    cluster, fake, rules = _two_nodes(monkeypatch)
+    state_file = tmp_path / "state.json"
+    fwapply.apply_rules(cluster, rules, str(state_file), SetupResult(step="firewall"))
+    return cluster, fake, state_file
+
+
+def test_revert_removes_exactly_what_apply_recorded(tmp_path, monkeypatch):
+    cluster, fake, rules = _two_nodes(monkeypatch)
+    # the user's own rule, identical but for the comment, must survive the revert
+    user_rule = ("-i", "eth0", "-s", "10.0.0.12/32", "-p", "tcp", "-j", "ACCEPT")
+    fake.iptables["gpu-node-1"].append(user_rule)
+    before_ipt = {h: list(r) for h, r in fake.iptables.items()}
+    before_nft = {h: dict(r) for h, r in fake.nft.items()}
     state_file = str(tmp_path / "cluster.yaml.firewall.json")
     applied = SetupResult(step="firewall")
     fwapply.apply_rules(cluster, rules, state_file, applied)
@@ -195,39 +209,14 @@ def test_revert_removes_exactly_what_apply_recorded(tmp_path, monkeypatch):
 
 
 def test_revert_notes_rules_already_gone_and_leaves_a_reused_handle_alone(tmp_path, monkeypatch):
-    cluster = load_cluster(hosts="gpu-node-1,gpu-node-2")
-    fake = FakeFirewalls(["gpu-node-1", "gpu-node-2"])
-    monkeypatch.setattr(fwapply, "run_on_nodes", fake.run)
-    monkeypatch.setattr(fwstate, "run_on_nodes", fake.run)
-    chain = firewall.NftChain("inet", "filter", "input", True)
-    rules = {
-        "gpu-node-1": firewall.allow_rules("iptables", "eth0", ["10.0.0.12"]),
-        "gpu-node-2": firewall.allow_rules("nftables", "eth0", ["10.0.0.11"], chains=[chain]),
-    }
-    state_file = str(tmp_path / "state.json")
-    fwapply.apply_rules(cluster, rules, state_file, SetupResult(step="firewall"))
+    cluster, fake, state_file = _applied(tmp_path, monkeypatch)
     fake.iptables["gpu-node-1"].pop(0)  # someone removed it by hand
     fake.nft["gpu-node-2"][11] = "tcp dport 80 accept"  # the handle now names another rule
     result = SetupResult(step="firewall")
-    fwstate.revert_rules(cluster, state_file, result)
+    fwstate.revert_rules(cluster, str(state_file), result)
     assert result.changes == [] and len(result.notes) == 2
     assert all("already gone" in note for note in result.notes)
     assert fake.nft["gpu-node-2"][11] == "tcp dport 80 accept"  # not someone else's rule
-
-
-def _applied(tmp_path, monkeypatch):
-    cluster = load_cluster(hosts="gpu-node-1,gpu-node-2")
-    fake = FakeFirewalls(["gpu-node-1", "gpu-node-2"])
-    monkeypatch.setattr(fwapply, "run_on_nodes", fake.run)
-    monkeypatch.setattr(fwstate, "run_on_nodes", fake.run)
-    chain = firewall.NftChain("inet", "filter", "input", True)
-    rules = {
-        "gpu-node-1": firewall.allow_rules("iptables", "eth0", ["10.0.0.12"]),
-        "gpu-node-2": firewall.allow_rules("nftables", "eth0", ["10.0.0.11"], chains=[chain]),
-    }
-    state_file = tmp_path / "state.json"
-    fwapply.apply_rules(cluster, rules, str(state_file), SetupResult(step="firewall"))
-    return cluster, fake, state_file
 
 
 def test_a_recorded_handle_never_matches_a_longer_one(tmp_path, monkeypatch):

@@ -35,7 +35,7 @@ from trainfleet.errors import SpecError, TrainfleetError
 from trainfleet.files import write_private
 from trainfleet.remote import Failure, run_on_nodes
 from trainfleet.spec_yaml import LineDict, LineList, load_yaml_with_lines
-from trainfleet.untrusted import valid_interface, valid_key, valid_name
+from trainfleet.untrusted import valid_interface, valid_key, valid_known_hosts_name
 
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 THIS_MACHINE = "this machine"
@@ -141,8 +141,7 @@ def unknown_key_name(stderr: str) -> str | None:
     if not match:
         return None
     name = match.group(1)
-    bracketed = re.fullmatch(r"\[(.+)\]:\d+", name)
-    return name if valid_name(bracketed.group(1) if bracketed else name) else None
+    return name if valid_known_hosts_name(name) else None
 
 
 def _port_of(name: str) -> int:

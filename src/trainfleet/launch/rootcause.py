@@ -44,7 +44,7 @@ _SUMMARY_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
 
 KNOWN_ERRORS: list[tuple[re.Pattern, str]] = [
     (
-        re.compile(r"world_size \d+ != \d+ \* \d+ \* 1\b|train_batch_size is not equal to.* 1$"),
+        re.compile(r"world_size \d+ != \d+ \* \d+ \* 1\b"),
         "DeepSpeed counted one rank: under HF Trainer's --use_cpu, ZeRO-3's zero.Init reads the"
         " JSON before DeepSpeed's communication is up; leave train_batch_size out of the JSON"
         " (DeepSpeed computes it), see docs/migration.md",
@@ -79,7 +79,7 @@ KNOWN_ERRORS: list[tuple[re.Pattern, str]] = [
         "a disk filled on that node: free space where the job writes (output, /tmp, /dev/shm)",
     ),
     (
-        re.compile(r"No module named '([\w.]+)'"),
+        re.compile(r"No module named '[\w.]+'"),
         "that node's Python lacks the package: install it there, or point cluster.yaml's"
         " `python:` at the environment that has it (`trainfleet doctor` compares versions)",
     ),

@@ -26,7 +26,7 @@ from trainfleet.cluster import Node
 from trainfleet.doctor.fix import fingerprint, keyscan
 from trainfleet.remote import ssh_options
 from trainfleet.setup import nodejob
-from trainfleet.untrusted import valid_key, valid_name
+from trainfleet.untrusted import valid_key, valid_known_hosts_name, valid_name
 
 
 @dataclass(kw_only=True, slots=True)
@@ -41,6 +41,8 @@ class Target:
     address: str | None
     """hostname resolved to IPv4 here (None when it does not resolve)."""
     hostkey_alias: str | None = None
+    proxied: bool = False
+    """Reached through a ProxyJump/ProxyCommand (its ssh starts another ssh)."""
     machine_hostname: str | None = None
     """The node's own `hostname`, once a command could run there."""
     offered: list[str] = field(default_factory=list)
@@ -81,7 +83,7 @@ def known_hosts_names(
 def known_hosts_lines(names: list[str], keys: list[str]) -> list[str]:
     """One line per name and key (`ssh-keygen -R NAME` then takes out exactly one name). A name
     or key that is not plain (`valid_name`, `valid_key`) is a bug here, never a line."""
-    bad = [n for n in names if not valid_name(n.removeprefix("[").split("]:")[0])]
+    bad = [n for n in names if not valid_known_hosts_name(n)]
     bad += [k for k in keys if not valid_key(k)]
     if bad:
         raise ValueError(f"not a known_hosts name or key: {bad!r}")
@@ -171,6 +173,7 @@ def target_of(node: Node) -> Target:
         port=port,
         address=_ipv4(hostname),
         hostkey_alias=settings.get("hostkeyalias"),
+        proxied=any(settings.get(k, "none") != "none" for k in ("proxyjump", "proxycommand")),
     )
 
 

@@ -26,7 +26,7 @@ import socket
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
-from trainfleet.cluster import Cluster, Node
+from trainfleet.cluster import Cluster
 from trainfleet.doctor.collect import Survey
 from trainfleet.doctor.findings import Severity
 from trainfleet.errors import SetupError
@@ -36,6 +36,7 @@ from trainfleet.setup import askpass, hostkeys, nodejob, verify
 from trainfleet.setup.jobs import JOB_ARGV, JOB_TIMEOUT_S, node_job, run_jobs
 from trainfleet.setup.launchside import this_machine
 from trainfleet.setup.result import Confirm, SetupResult
+from trainfleet.untrusted import valid_name
 
 Password = Callable[[list[str]], str]
 """password(nodes that need it) -> the password; raises SetupError when none can be had."""
@@ -55,13 +56,12 @@ def auth_pairs(facts: Mapping[str, dict]) -> list[tuple[str, str]]:
 # ----------------------------------------------------------------------------- step 2
 
 
-def _through_a_jump_host(node: Node) -> bool:
-    settings = hostkeys.ssh_settings(node)
-    return any(settings.get(k, "none") != "none" for k in ("proxyjump", "proxycommand"))
-
-
 def _log_in(
-    cluster: Cluster, pubkeys: dict[str, str], result: SetupResult, password: Password
+    cluster: Cluster,
+    targets: dict[str, hostkeys.Target],
+    pubkeys: dict[str, str],
+    result: SetupResult,
+    password: Password,
 ) -> dict[str, str] | None:
     """Each node's own hostname once this machine can log in (None: dry run, cannot yet)."""
     results = run_on_nodes(cluster.nodes, ["hostname"], timeout=JOB_TIMEOUT_S)
@@ -80,7 +80,7 @@ def _log_in(
         return None
     if need:
         nodes = [cluster.node(h) for h in need]
-        proxied = [n.host for n in nodes if _through_a_jump_host(n)]
+        proxied = [h for h in need if targets[h].proxied]
         if proxied:
             raise SetupError(
                 f"{fold_names(proxied)} is reached through a ProxyJump/ProxyCommand: its ssh"
@@ -245,11 +245,11 @@ def setup_ssh(
             "check the address and port, that sshd runs there and that a firewall lets port 22 in",
         )
     pubkeys = this_machine(cluster, targets, result, confirm, trusted_file)
-    hostnames = _log_in(cluster, pubkeys, result, password)
+    hostnames = _log_in(cluster, targets, pubkeys, result, password)
     if hostnames is None:
         return result
     for host, name in hostnames.items():
-        if hostkeys.valid_name(name):
+        if valid_name(name):
             targets[host].machine_hostname = name
         else:  # root there can set any name: `*` in known_hosts would trust its key everywhere
             result.note(

@@ -57,7 +57,7 @@ def begin_save(output: Path, name: str) -> None:
     (path / SAVING).touch()
 
 
-def ours(path: Path) -> bool:
+def _ours(path: Path) -> bool:
     return (path / SAVING).exists() or (path / COMPLETE).exists()
 
 
@@ -70,7 +70,7 @@ def foreign_checkpoints(output: Path) -> list[Path]:
     what a kill between begin_save's mkdir and its mark leaves, and holds nothing)."""
     if not output.is_dir():
         return []
-    return [p for p in _checkpoints(output) if not ours(p) and not _empty(p)]
+    return [p for p in _checkpoints(output) if not _ours(p) and not _empty(p)]
 
 
 def _fsync(path: Path) -> None:
