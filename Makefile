@@ -15,8 +15,27 @@ ACCELERATE_PIN ?= accelerate==1.15.0
 TRAIN_PINS ?= datasets==5.2.0 peft==0.21.2 tensorboard==2.20.0 py-spy==0.4.3
 # Third-party trainers the tests launch through trainfleet as users run them (TRL's sft.py).
 THIRD_PARTY_PINS ?= trl==1.16.0
+# LLaMA-Factory and axolotl pin other versions of transformers, datasets, accelerate, peft and
+# trl than the rest, so each gets its own environment, as its users have one: a venv layered
+# over .venv (torch, deepspeed and trainfleet come from there; its pins shadow the rest).
+# Installed without dependencies: the package itself and what cannot be resolved here.
+LF_VENV   := $(VENV)/llamafactory
+LF_STAMP  := $(LF_VENV)/.installed
+LF_NODEPS ?= llamafactory==0.9.5 torchaudio==2.11.0
+LF_PINS   ?= transformers==5.6.0 datasets==4.0.0 accelerate==1.11.0 peft==0.18.1 trl==0.24.0 \
+             fire omegaconf "tyro<0.9" einops tiktoken sentencepiece
+AX_VENV   := $(VENV)/axolotl
+AX_STAMP  := $(AX_VENV)/.installed
+AX_NODEPS ?= axolotl==0.19.0
+AX_PINS   ?= transformers==5.16.1 tokenizers==0.23.1 datasets==4.8.4 accelerate==1.13.0 \
+             peft==0.20.0 trl==1.9.0 optimum==1.16.2 evaluate==0.4.1 "kernels>=0.16,<0.17" \
+             bitsandbytes==0.50.2 triton wandb posthog==6.7.11 typer==0.25.1 \
+             "numba>=0.63.1,<1" schedulefree==1.4.1 axolotl-contribs-lgpl==0.0.7 \
+             axolotl-contribs-mit==0.0.6 antlr4-python3-runtime==4.13.2 python-dotenv==1.0.1 \
+             addict fire einops colorama scipy art zstandard fastcore langdetect immutabledict \
+             sentencepiece
 
-.PHONY: all venv system demo test test-unit test-cluster lint format bench clean
+.PHONY: all venv third-party system demo test test-unit test-cluster lint format bench clean
 
 all: test
 
@@ -36,6 +55,35 @@ $(STAMP): pyproject.toml Makefile
 
 venv: $(STAMP)
 
+# $(call layered_venv,DIR,NODEPS,PINS)
+define layered_venv
+	rm -rf $(1)
+	$(BIN)/python -m venv $(1)
+	site='import sysconfig; print(sysconfig.get_paths()["purelib"])'; \
+	echo "import site; site.addsitedir('$$($(BIN)/python -c "$$site")')" \
+	  > "$$($(1)/bin/python -c "$$site")/zz-trainfleet-venv.pth"
+	$(1)/bin/pip install -q --no-deps $(2)
+	$(1)/bin/pip install -q --no-warn-conflicts $(3)
+endef
+
+# LLaMA-Factory's web UI, API and media dependencies (gradio, av, torchvision, modelscope...)
+# are left out: training on text does not import them. torchaudio is imported, but the
+# registry's newest (2.11) is built for torch 2.11 and its compiled ops do not load against
+# 2.13: its Python part is kept without them (LLaMA-Factory uses it for audio inputs only).
+$(LF_STAMP): $(STAMP)
+	$(call layered_venv,$(LF_VENV),$(LF_NODEPS),$(LF_PINS))
+	rm -f $(LF_VENV)/lib/python*/site-packages/torchaudio/lib/*.so
+	touch $@
+
+# axolotl's cloud, evaluation and GPU-kernel extras (modal, lm_eval, s3fs/gcsfs/adlfs, xformers,
+# liger-kernel, torchao, flash-linear-attention, mistral-common...) are left out: training a
+# text model on CPU does not import them. triton, bitsandbytes and wandb are imported.
+$(AX_STAMP): $(STAMP)
+	$(call layered_venv,$(AX_VENV),$(AX_NODEPS),$(AX_PINS))
+	touch $@
+
+third-party: $(LF_STAMP) $(AX_STAMP)
+
 # System tools the sandbox and the deepspeed backend use (root only; skipped otherwise).
 $(SYSSTAMP):
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
@@ -51,13 +99,13 @@ system: $(SYSSTAMP)
 demo: $(STAMP) $(SYSSTAMP)
 	$(BIN)/python -m trainfleet.demo
 
-test: $(STAMP) $(SYSSTAMP)
+test: $(STAMP) $(SYSSTAMP) $(LF_STAMP) $(AX_STAMP)
 	$(BIN)/python -m pytest -q tests
 
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not cluster" tests
 
-test-cluster: $(STAMP) $(SYSSTAMP)
+test-cluster: $(STAMP) $(SYSSTAMP) $(LF_STAMP) $(AX_STAMP)
 	$(BIN)/python -m pytest -q -m cluster tests
 
 lint: $(STAMP)
