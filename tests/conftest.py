@@ -65,3 +65,20 @@ def no_doctor_tokens_left_in_the_launch_directory():
     yield
     left = sorted(str(p) for p in set(Path.cwd().glob(".trainfleet-doctor-*")) - before)
     assert not left, f"doctor runs left their tokens behind: {left}"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_stale_jit_lock_from_an_earlier_session():
+    """A session killed while DeepSpeed built or loaded an op (Ctrl-C, a CI time limit) leaves
+    torch's JIT lock in this machine's extensions cache, and every DeepSpeed start of the next
+    session would wait for it forever. The session begins by removing such leftovers, by the
+    rule `doctor --fix` uses (no process holds or builds under it, older than a minute)."""
+    import warnings
+
+    from trainfleet import probe
+
+    stale = [lock["path"] for lock in probe.stale_jit_locks()]
+    if stale:
+        outcome = probe.remove_stale_jit_locks(stale)
+        warnings.warn(f"an earlier session left torch JIT locks: {outcome}", stacklevel=1)
+    yield

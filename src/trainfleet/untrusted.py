@@ -71,3 +71,9 @@ def valid_peer(address: object) -> bool:
     except (ValueError, TypeError):
         return False
     return not (ip.is_unspecified or ip.is_loopback or ip.is_multicast or ip.is_reserved)
+
+
+def printable(text: str) -> str:
+    """`text` with control characters (escape sequences, carriage returns, newlines) shown as
+    `?`: a node's words go to the user's terminal as text, never as commands to it."""
+    return "".join(c if c.isprintable() else "?" for c in text)

@@ -5,8 +5,10 @@ error. (pdsh-missing is a check of this machine alone: tests/unit covers it.)"""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -237,3 +239,52 @@ def test_fix_adds_the_unknown_host_key_then_pins_each_nodes_interface(
     assert pinned == {"gpu-node-1": None, "gpu-node-2": "ens14f1", "gpu-node-3": "ens14f2"}
     backups = sorted(tmp_path.glob("cluster.yaml.*"))
     assert backups and "ens14f2" not in backups[0].read_text()  # the original, kept
+
+
+HOLD_A_JIT_LOCK = """\
+import sys, time
+from torch.utils.file_baton import FileBaton
+assert FileBaton(sys.argv[1]).try_acquire()
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_stale_jit_lock_stops_the_launch_and_fix_removes_only_it(make_sandbox, tmp_path, capsys):
+    """The leftover of a DeepSpeed op build killed midway (here: torch's own FileBaton in a
+    process killed with SIGKILL): every later rank would wait for it forever at start."""
+    box = make_sandbox(nodes=2)
+    extensions = tmp_path / "extensions"
+    cluster_file = _with(
+        box.cluster_file,
+        tmp_path,
+        nodes={"gpu-node-2": {"env": {"TORCH_EXTENSIONS_DIR": str(extensions)}}},
+    )
+    lock = extensions / "fused_adam" / "lock"
+    lock.parent.mkdir(parents=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_A_JIT_LOCK, str(lock)], stdout=subprocess.PIPE
+    )
+    assert holder.stdout.readline() == b"held\n"
+    an_hour_ago = time.time() - 3600
+    os.utime(lock, (an_hour_ago, an_hour_ago))
+    try:
+        assert "jit-lock-stale" not in _by_id(_doctor(cluster_file, quick=True))  # a live build
+    finally:
+        holder.kill()
+        holder.wait()
+
+    script = tmp_path / "train.py"
+    script.write_text("print('the script ran')\n")
+    code = main(["launch", "-c", str(cluster_file), "--", str(script)])
+    out, err = capsys.readouterr()
+    assert code == 1 and "nothing was started" in err
+    assert "jit-lock-stale" in err and "gpu-node-2" in err and str(lock) in err
+    assert "the script ran" not in out + err
+
+    code, fixed = _fix(cluster_file, capsys)
+
+    assert fixed["fix"]["jit_locks"] == {"gpu-node-2": [str(lock)]}
+    assert not lock.exists() and (extensions / "fused_adam").is_dir()  # the build is kept
+    assert "jit-lock-stale" not in {f["id"] for f in fixed["after_fix"]["findings"]}
+    assert code == 0

@@ -126,6 +126,7 @@ def plan_params(
             else [],
             "peers": [p for p in peers if p["address"]] if multi else [],
             "quick": quick,
+            "extensions_dir": node.env.get("TORCH_EXTENSIONS_DIR"),
             "connect_timeout": PAIR_CONNECT_TIMEOUT_S,
             "skew": START_SKEW_S,
             "import_timeout": IMPORT_TIMEOUT_S,

@@ -4,13 +4,15 @@
     >>> print(render_plan(plan))  # doctest: +SKIP
     >>> apply_plan(plan)  # doctest: +SKIP
 
-Two kinds of change, both undoable with one command that the plan prints:
+Three kinds of change, each undoable with one command that the plan prints or needing none:
 
 - unknown host keys are added (never replaced) to the known_hosts file that failed, after their
   SHA256 fingerprints are shown; `ssh-keygen -R NAME -f FILE` takes one out again;
 - the interface each node reaches the master through is pinned in cluster.yaml (`interface:`,
   from which launch sets NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME on that node); an edited
-  file keeps its comments and the old one is kept beside it.
+  file keeps its comments and the old one is kept beside it;
+- a torch JIT build lock a killed build left (`jit-lock-stale`) is removed, after the node
+  checks again that no process builds there; torch creates it anew at its next build.
 
 Nothing else is changed: a firewall is never opened (its finding carries the minimal rule), a
 changed host key is never trusted, a process holding a port is never killed.
@@ -28,14 +30,16 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trainfleet import probe
 from trainfleet.cluster import Cluster, backup_name, parse_cluster_yaml
 from trainfleet.doctor import DoctorReport
+from trainfleet.doctor.checks.software import stale_jit_locks
 from trainfleet.doctor.findings import Finding, Severity
 from trainfleet.errors import SpecError, TrainfleetError
 from trainfleet.files import write_private
 from trainfleet.remote import Failure, run_on_nodes
 from trainfleet.spec_yaml import LineDict, LineList, load_yaml_with_lines
-from trainfleet.untrusted import valid_interface, valid_key, valid_known_hosts_name
+from trainfleet.untrusted import printable, valid_interface, valid_key, valid_known_hosts_name
 
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 THIS_MACHINE = "this machine"
@@ -97,15 +101,26 @@ class InterfaceFix:
 
 
 @dataclass(kw_only=True, slots=True)
+class JitLockFix:
+    """Stale torch JIT build locks to remove on `node`."""
+
+    node: str
+    paths: list[str]
+    extensions_dir: str | None
+    """The node's TORCH_EXTENSIONS_DIR in cluster.yaml, where its probe looked too."""
+
+
+@dataclass(kw_only=True, slots=True)
 class FixPlan:
     host_keys: list[HostKeyFix] = field(default_factory=list)
     interfaces: InterfaceFix | None = None
+    jit_locks: list[JitLockFix] = field(default_factory=list)
     not_done: list[str] = field(default_factory=list)
     """Problems --fix leaves to the user, and why."""
 
     @property
     def changes(self) -> int:
-        return len(self.host_keys) + (1 if self.interfaces else 0)
+        return len(self.host_keys) + (1 if self.interfaces else 0) + len(self.jit_locks)
 
     def to_json(self) -> dict:
         return {
@@ -122,6 +137,7 @@ class FixPlan:
             "interfaces": {"path": self.interfaces.path, "nodes": self.interfaces.interfaces}
             if self.interfaces
             else None,
+            "jit_locks": {fix.node: fix.paths for fix in self.jit_locks},
             "not_done": self.not_done,
         }
 
@@ -327,6 +343,35 @@ def plan_interfaces(report: DoctorReport, cluster_file: str | None, plan: FixPla
     plan.interfaces = InterfaceFix(path=path, text=text, interfaces=interfaces, backup=None)
 
 
+# ----------------------------------------------------------------------------- JIT locks
+def plan_jit_locks(report: DoctorReport, plan: FixPlan) -> None:
+    if report.survey is None:
+        return
+    by_node: dict[str, list[str]] = {}
+    for host, lock in stale_jit_locks(report.survey):
+        by_node.setdefault(host, []).append(lock["path"])
+    for host, paths in by_node.items():
+        extensions_dir = report.survey.cluster.node(host).env.get("TORCH_EXTENSIONS_DIR")
+        plan.jit_locks.append(JitLockFix(node=host, paths=paths, extensions_dir=extensions_dir))
+
+
+def remove_jit_locks(fix: JitLockFix, cluster: Cluster) -> list[str]:
+    """The node removes each lock that is still stale; one line per lock."""
+    node = cluster.node(fix.node)
+    job = probe.payload({"paths": fix.paths, "extensions_dir": fix.extensions_dir},
+                        function="remove_main")  # fmt: skip
+    [result] = run_on_nodes([node], [node.python, "-"], stdin=job, timeout=30)
+    try:
+        outcome = json.loads(result.stdout) if result.ok else {}
+    except ValueError:
+        outcome = {}
+    if not isinstance(outcome, dict):
+        outcome = {}
+    failed = "failed: " + (result.reason() if not result.ok else "the node's answer is not JSON")
+    said = {path: printable(str(outcome.get(path, failed)))[:200] for path in fix.paths}
+    return [f"{fix.node}: {path}: {said[path]}" for path in fix.paths]
+
+
 # ----------------------------------------------------------------------------- plan, apply
 _NEVER = {
     "firewall-blocks-ports": "doctor never changes a firewall; the rule to add is above",
@@ -341,9 +386,12 @@ def plan_fixes(report: DoctorReport, *, cluster_file: str | None = None) -> FixP
     plan = FixPlan()
     plan_host_keys(report, plan)
     plan_interfaces(report, cluster_file, plan)
+    plan_jit_locks(report, plan)
     fixed = {"ssh-hostkey-unknown"} if plan.host_keys else set()
     if plan.interfaces:
         fixed.update(INTERFACE_FINDINGS)
+    if plan.jit_locks:
+        fixed.add("jit-lock-stale")
     for finding in report.findings:
         if finding.severity is not Severity.INFO and finding.id not in fixed:
             plan.not_done.append(_left(finding))
@@ -376,6 +424,10 @@ def render_plan(plan: FixPlan) -> str:
             )
         else:
             lines.append(f"    undo: rm {plan.interfaces.path}; then pass it with -c")
+    for fix in plan.jit_locks:
+        lines.append(f"  remove torch's stale JIT build lock(s) on {fix.node}:")
+        lines += [f"      {path}" for path in fix.paths]
+        lines.append("    undo: none needed (torch creates the lock anew at its next build)")
     if plan.not_done:
         lines.append("left to you:")
         lines += [f"  {item}" for item in plan.not_done]
@@ -417,4 +469,6 @@ def apply_plan(plan: FixPlan, cluster: Cluster) -> list[str]:
         else:
             write_private(fix.path, fix.text, exclusive=True)
             done.append(f"{fix.path}: written; pass it with -c {fix.path}")
+    for fix in plan.jit_locks:
+        done += remove_jit_locks(fix, cluster)
     return done

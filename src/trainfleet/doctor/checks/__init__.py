@@ -28,6 +28,7 @@ CHECKS = (
     software.check_code,
     software.check_gpu_software,
     software.check_launcher,
+    software.check_jit_locks,
     resources.check_gpus,
     resources.check_shm,
     resources.check_disk,

@@ -5,12 +5,15 @@
 
 from __future__ import annotations
 
+import re
+import shlex
 import shutil
 from collections import Counter
 
 from trainfleet.doctor.collect import Survey
 from trainfleet.doctor.findings import Finding, Severity
 from trainfleet.nodeset import fold_names
+from trainfleet.probe import JIT_LOCK_STALE_S
 from trainfleet.remote import Failure, NodeResult
 
 # Versions that must match for collectives to work at all; the others only warn.
@@ -229,6 +232,59 @@ def check_gpu_software(survey: Survey) -> list[Finding]:
                 )
             )
     return findings
+
+
+_LOCK_PATH = re.compile(r"/[^\x00-\x1f\x7f]*/lock")
+"""An absolute path ending in /lock, on one line: what a node reports is shown, never trusted."""
+
+
+def _jit_locks(facts: dict) -> list[dict]:
+    """The node's well-formed lock reports (a hostile or broken node may report anything)."""
+    locks = facts.get("jit_locks")
+    if not isinstance(locks, list):
+        return []
+    return [
+        lock
+        for lock in locks
+        if isinstance(lock, dict)
+        and isinstance(lock.get("path"), str)
+        and _LOCK_PATH.fullmatch(lock["path"])
+        and isinstance(lock.get("age_s"), (int, float))
+        and isinstance(lock.get("busy_pids"), list)
+    ]
+
+
+def stale_jit_locks(survey: Survey) -> list[tuple[str, dict]]:
+    """(node, lock) for each JIT build lock older than probe.JIT_LOCK_STALE_S that no process
+    works under, on that node or on one that reports the same path (shared storage)."""
+    reports = {host: _jit_locks(facts) for host, facts in survey.facts.items()}
+    building = {lock["path"] for locks in reports.values() for lock in locks if lock["busy_pids"]}
+    return [
+        (host, lock)
+        for host, locks in reports.items()
+        for lock in locks
+        if lock["path"] not in building and lock["age_s"] >= JIT_LOCK_STALE_S
+    ]
+
+
+def check_jit_locks(survey: Survey) -> list[Finding]:
+    """A torch JIT build lock left by a killed build: every rank that loads that op waits for
+    it forever, right after the rendezvous (where DeepSpeed builds or loads its ops)."""
+    return [
+        Finding(
+            id="jit-lock-stale",
+            severity=Severity.ERROR,
+            nodes=(host,),
+            evidence=[
+                f"{lock['path']} on {host} is {lock['age_s'] / 60:.0f} min old and no process "
+                "builds there: a killed build left it, and every rank that loads this op will "
+                "wait for it forever"
+            ],
+            fix="`trainfleet doctor --fix` removes it (after checking again that no process "
+            f"builds there), or `rm {shlex.quote(lock['path'])}` on the node(s) named",
+        )
+        for host, lock in stale_jit_locks(survey)
+    ]
 
 
 def check_launcher(survey: Survey) -> list[Finding]:
