@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -280,6 +281,41 @@ def test_a_command_found_nowhere_ends_the_rank_with_127_naming_the_path(tmp_path
     assert "llamafactory-cli: not found on this node" in done.stderr
     assert str(tmp_path / "bin") in done.stderr  # the PATH it looked in
     assert _marks(done.stderr)[-1] == "@@trainfleet:r9:exit=127:2"
+
+
+WAIT_FOR_A_JIT_LOCK = """\
+import os, sys, threading
+import torch.distributed as dist
+from torch.utils import cpp_extension  # what DeepSpeed's op builder imports
+from torch.utils.file_baton import FileBaton
+lock = sys.argv[1]
+open(lock, "w").close()  # held by someone else, who lets go after 2.6 s
+threading.Timer(2.6, os.remove, [lock]).start()
+FileBaton(lock).wait()
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[2], rank=0,
+                        world_size=1)
+print("built")
+"""
+
+
+def test_a_rank_waiting_for_a_jit_build_lock_says_so_and_its_joins_are_still_seen(tmp_path):
+    (tmp_path / "train.py").write_text(WAIT_FOR_A_JIT_LOCK)
+    lock = tmp_path / "lock"
+    done = _shim_command(
+        tmp_path, "train.py", str(lock), str(_free_port()), TRAINFLEET_JIT_LOCK_REPORT_S="1"
+    )
+    assert done.returncode == 0, done.stderr
+    waits = [line for line in done.stderr.splitlines() if "JIT build lock" in line]
+    assert len(waits) >= 2, done.stderr  # one a second while it waits (2.6 s)
+    said = re.compile(rf"trainfleet: rank 2 has waited \d+ s for torch's JIT build lock {lock}: ")
+    assert all(said.match(line) for line in waits), waits
+    assert "`trainfleet doctor` names a stale lock, `--fix` removes it" in waits[0]
+    assert _marks(done.stderr)[-3:] == [
+        "@@trainfleet:r9:entered:2",
+        "@@trainfleet:r9:joined:2",
+        "@@trainfleet:r9:exit=0:2",
+    ]
+    assert done.stdout.strip() == "built"
 
 
 def _node_files(directory: Path) -> subprocess.CompletedProcess:

@@ -4,7 +4,8 @@
     torchrun ... /tmp/trainfleet-x/shim.py -m my_pkg.train --lr 1e-4
 
 It reports, on stderr, when the rank started, entered `torch.distributed.init_process_group`
-and came out of it (what the launcher's join watchdog counts), adds `--local_rank=N` for
+and came out of it (what the launcher's join watchdog counts), and every minute that it waits
+for torch's JIT build lock (see wrap_baton); it adds `--local_rank=N` for
 scripts that expect the argument (seed 004: DeepSpeed's runner passes it, torchrun does not),
 then runs the script as `__main__`: its exceptions, exit codes and output are its own. A
 script that succeeded without `destroy_process_group()` gets it called for it (see
@@ -23,7 +24,8 @@ Environment it reads: TRAINFLEET_RUN_ID (marks lines as this run's), TRAINFLEET_
 (auto | always | never), TRAINFLEET_NODE_ENV (optional JSON file: per node rank, variables to
 set before the script runs; how the deepspeed backend gives each node its own environment),
 TRAINFLEET_PREFIX_OUTPUT=1 (prefix every output line with `[defaultN]:`, N the local rank, as
-torchrun's --tee does; for DeepSpeed's launcher, which gives a node's ranks one stdout).
+torchrun's --tee does; for DeepSpeed's launcher, which gives a node's ranks one stdout),
+TRAINFLEET_JIT_LOCK_REPORT_S (seconds between the lock-wait reports; default 60).
 """
 
 import atexit
@@ -38,6 +40,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 MARK = "@@trainfleet"
 
@@ -66,26 +69,66 @@ def wrap_init(dist):
     dist.init_process_group = init_process_group
 
 
+JIT_LOCK_REPORT_S = float(os.environ.get("TRAINFLEET_JIT_LOCK_REPORT_S") or 60)
+
+
+def wrap_baton(file_baton):
+    """torch's JIT build lock (what cpp_extension takes to build or load DeepSpeed's ops): a
+    rank waiting for it says so every JIT_LOCK_REPORT_S, naming the lock. torch waits in
+    silence, and forever when a build killed earlier left the lock."""
+    original = file_baton.FileBaton.wait
+    if getattr(original, "_trainfleet", False):
+        return
+
+    @functools.wraps(original)
+    def wait(self, *args, **kwargs):
+        done = threading.Event()
+        started = time.time()
+
+        def report():
+            while not done.wait(JIT_LOCK_REPORT_S):
+                sys.stderr.write(
+                    "trainfleet: rank %s has waited %.0f s for torch's JIT build lock %s: "
+                    "another process builds this op, or a build killed earlier left the lock "
+                    "and this wait never ends (`trainfleet doctor` names a stale lock, "
+                    "`--fix` removes it)\n"
+                    % (os.environ.get("RANK", "?"), time.time() - started, self.lock_file_path)
+                )
+                sys.stderr.flush()
+
+        threading.Thread(target=report, name="trainfleet-jit-lock", daemon=True).start()
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            done.set()
+
+    wait._trainfleet = True
+    file_baton.FileBaton.wait = wait
+
+
 class _AfterImport(importlib.abc.MetaPathFinder):
-    """Wraps init_process_group as soon as torch.distributed is imported, without importing
-    torch itself (a script that never uses it pays nothing)."""
+    """Wraps what HOOKS name as soon as each module is imported, without importing torch
+    itself (a script that never uses it pays nothing)."""
+
+    HOOKS = {"torch.distributed": wrap_init, "torch.utils.file_baton": wrap_baton}
+
+    def __init__(self):
+        self.waiting = dict(self.HOOKS)
 
     def find_spec(self, name, path, target=None):
-        if name != "torch.distributed":
+        if name not in self.waiting:
             return None
-        sys.meta_path.remove(self)
-        try:
-            spec = importlib.util.find_spec(name)
-        finally:
-            sys.meta_path.insert(0, self)
+        hook = self.waiting.pop(name)
+        if not self.waiting:
+            sys.meta_path[:] = [f for f in sys.meta_path if f is not self]
+        spec = importlib.util.find_spec(name)  # the others find it: this name is no longer ours
         if spec is None or spec.loader is None:
             return spec
         exec_module = spec.loader.exec_module
 
         def exec_and_wrap(module):
             exec_module(module)
-            sys.meta_path[:] = [f for f in sys.meta_path if f is not self]
-            wrap_init(module)
+            hook(module)
 
         spec.loader.exec_module = exec_and_wrap
         return spec
