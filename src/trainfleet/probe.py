@@ -705,7 +705,9 @@ def main(params):
     listeners = Listeners(params.get("listen_ports", []))
     active["listen_since"] = time.time()
     token_dir = os.path.join(workdir, ".trainfleet-doctor-%s" % params.get("run_id", "x"))
-    if params.get("peers"):
+    # No token (and no shared-storage facts) where the launcher promised to write nothing.
+    share_token = bool(params.get("peers")) and params.get("share_token", True)
+    if share_token:
         try:
             os.mkdir(token_dir)  # never makedirs: a missing workdir is a finding, not created
             open(os.path.join(token_dir, me), "w").write(str(os.getpid()))
@@ -780,7 +782,7 @@ def main(params):
         for addr, (n, first, last) in listeners.streams.items()
         if n > 1 << 16
     }
-    if params.get("peers"):
+    if share_token:
         seen = set(os.listdir(token_dir)) if os.path.isdir(token_dir) else set()
         active["shared"] = {p["node"]: p["node"] in seen for p in peers}
     facts["active"] = active

@@ -177,6 +177,24 @@ def test_the_runner_s_environment_reaches_every_rank(box, tmp_path, backend):
     assert "--hub_token=***" in (tmp_path / "run" / "run.json").read_text()
 
 
+@pytest.mark.parametrize("backend", ["ssh", pytest.param("deepspeed", marks=NEEDS_DEEPSPEED)])
+def test_dry_run_shows_each_node_and_writes_nothing_on_the_nodes_or_here(box, tmp_path, backend):
+    """The first command a migrating user runs. The sandbox's nodes share this machine's file
+    system and work in `tmp_path`, so a file any node's probe made or removed there, or a run
+    directory made here, would change the directory's mtime."""
+    os.utime(tmp_path, ns=(0, 0))
+    code, out = trainfleet(
+        box, f"--backend={backend}", "--dry-run", "--", str(ALLREDUCE),
+        cwd=tmp_path, env={"NCCL_DEBUG": "INFO"},
+    )  # fmt: skip
+    assert code == 0, out
+    for node in NODES:
+        assert f"\n{node}: " in out, out
+    assert "NCCL_DEBUG=INFO  # launch shell" in out, out
+    assert list(tmp_path.iterdir()) == []
+    assert tmp_path.stat().st_mtime_ns == 0, "an entry was made or removed in the workdir"
+
+
 @pytest.mark.parametrize(
     ("command", "instead"),
     [

@@ -88,7 +88,7 @@ def _crashed(returncode: int, stderr: str) -> dict[str, NodeResult]:
 
 def test_exit_code_two_when_no_probe_produced_facts(tmp_path, monkeypatch):
     survey = make_survey(tmp_path, failed=_crashed(1, "Traceback\nSyntaxError: bad"))
-    monkeypatch.setattr(doctor, "collect", lambda cluster, quick, seed: survey)
+    monkeypatch.setattr(doctor, "collect", lambda cluster, **_: survey)
     report = doctor.run_doctor(survey.cluster)
     assert report.problems == [f"{h}: the probe failed: exit 1: SyntaxError: bad" for h in NODES]
     assert report.exit_code == 2 and report.to_json()["exit_code"] == 2
@@ -97,7 +97,7 @@ def test_exit_code_two_when_no_probe_produced_facts(tmp_path, monkeypatch):
 
 def test_missing_python_everywhere_is_a_finding_not_a_doctor_problem(tmp_path, monkeypatch):
     survey = make_survey(tmp_path, failed=_crashed(127, "bash: python: No such file or directory"))
-    monkeypatch.setattr(doctor, "collect", lambda cluster, quick, seed: survey)
+    monkeypatch.setattr(doctor, "collect", lambda cluster, **_: survey)
     report = doctor.run_doctor(survey.cluster)
     assert report.problems == []
     missing = [(f.id, f.severity, f.nodes) for f in report.findings]

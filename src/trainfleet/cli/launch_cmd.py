@@ -64,7 +64,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dry-run",
         action="store_true",
-        help="print each node's exact argv and environment (secrets masked); start nothing",
+        help="print each node's exact argv and environment (secrets masked); start nothing "
+        "and write nothing, on the nodes or here",
     )
     parser.add_argument(
         "--master-port",
@@ -243,7 +244,9 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         if args.dry_run:
-            plan, _ = prepare(cluster, options, preflight=args.preflight, run_dir=run_dir)
+            plan, _ = prepare(
+                cluster, options, preflight=args.preflight, run_dir=run_dir, dry_run=True
+            )
             print(render_deepspeed(plan) if isinstance(plan, DeepSpeedPlan) else render_plan(plan))
             return 0
         result, plan = launch_with_restarts(

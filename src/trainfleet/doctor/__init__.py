@@ -100,10 +100,13 @@ def node_summaries(survey: Survey) -> dict[str, dict]:
     return summaries
 
 
-def run_doctor(cluster: Cluster, *, quick: bool = False, seed: int | None = None) -> DoctorReport:
-    """Probe every node, run every check, and return the report."""
+def run_doctor(
+    cluster: Cluster, *, quick: bool = False, seed: int | None = None, read_only: bool = False
+) -> DoctorReport:
+    """Probe every node, run every check, and return the report. `read_only`: nothing is
+    written on any node (no shared-storage check)."""
     started = time.time()
-    survey = collect(cluster, quick=quick, seed=seed)
+    survey = collect(cluster, quick=quick, seed=seed, read_only=read_only)
     finished = time.time()
     phases = {"probe": finished - started}
     findings = run_checks(survey, started=started, finished=finished)

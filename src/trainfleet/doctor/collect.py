@@ -87,9 +87,15 @@ def _peer_ssh_argv(peer: Node) -> list[str]:
 
 
 def plan_params(
-    cluster: Cluster, addresses: dict[str, str | None], *, quick: bool, rng: random.Random
+    cluster: Cluster,
+    addresses: dict[str, str | None],
+    *,
+    quick: bool,
+    rng: random.Random,
+    read_only: bool = False,
 ) -> tuple[dict[str, dict], dict[str, list[int]]]:
-    """The probe parameters for every node (pure but for `rng`)."""
+    """The probe parameters for every node (pure but for `rng`). `read_only`: the probes write
+    nothing on the nodes (no shared-storage token, so no shared-storage facts)."""
     run_id = f"{rng.getrandbits(48):012x}"
     ports = {n.host: rng.sample(range(*EPHEMERAL_PORTS), PORTS_PER_NODE) for n in cluster.nodes}
     master_port = cluster.master_port
@@ -126,6 +132,7 @@ def plan_params(
             else [],
             "peers": [p for p in peers if p["address"]] if multi else [],
             "quick": quick,
+            "share_token": not read_only,
             "extensions_dir": node.env.get("TORCH_EXTENSIONS_DIR"),
             "connect_timeout": PAIR_CONNECT_TIMEOUT_S,
             "skew": START_SKEW_S,
@@ -144,11 +151,14 @@ def plan_params(
     return params, ports
 
 
-def collect(cluster: Cluster, *, quick: bool = False, seed: int | None = None) -> Survey:
-    """Run the probe on every node at once and return what came back."""
+def collect(
+    cluster: Cluster, *, quick: bool = False, seed: int | None = None, read_only: bool = False
+) -> Survey:
+    """Run the probe on every node at once and return what came back; with `read_only` the
+    probes write nothing anywhere (what `launch --dry-run` promises)."""
     addresses = node_addresses(cluster)
     rng = random.Random(seed if seed is not None else secrets.randbits(64))
-    params, ports = plan_params(cluster, addresses, quick=quick, rng=rng)
+    params, ports = plan_params(cluster, addresses, quick=quick, rng=rng, read_only=read_only)
     survey = Survey(
         cluster=cluster,
         addresses=addresses,
@@ -191,7 +201,11 @@ def _remove_tokens(cluster: Cluster, results: list[NodeResult], params: dict[str
     """The shared-storage tokens: removed from every node whose probe ran, also where it timed
     out or its fact sheet did not come back (such runs left .trainfleet-doctor-* behind)."""
     ran = {r.node for r in results if r.failure in PROBE_RAN}
-    nodes = [n for n in cluster.nodes if n.host in ran and params[n.host]["peers"]]
+    nodes = [
+        n
+        for n in cluster.nodes
+        if n.host in ran and params[n.host]["peers"] and params[n.host].get("share_token", True)
+    ]
     if nodes:
         token_dir = {
             n.host: [

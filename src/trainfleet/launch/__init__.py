@@ -125,11 +125,17 @@ def check_slots(cluster: Cluster, facts: Mapping[str, NodeFacts]) -> None:
 
 
 def prepare(
-    cluster: Cluster, options: LaunchOptions, *, preflight: bool = True, run_dir: Path
+    cluster: Cluster,
+    options: LaunchOptions,
+    *,
+    preflight: bool = True,
+    run_dir: Path,
+    dry_run: bool = False,
 ) -> tuple[AnyPlan, DoctorReport]:
     """The quick doctor, then the plan for options.backend. Raises PreflightFailed on its
-    errors (with preflight), or TrainfleetError when a node could not be examined at all."""
-    report = run_doctor(cluster, quick=True)
+    errors (with preflight), or TrainfleetError when a node could not be examined at all.
+    `dry_run`: nothing is written anywhere, on the nodes or here (the run dir is only named)."""
+    report = run_doctor(cluster, quick=True, read_only=dry_run)
     if preflight and blocking(report):
         raise PreflightFailed(report)
     unreachable = [h for h, info in report.nodes.items() if not info.get("reachable")]
