@@ -12,6 +12,12 @@ pytestmark = pytest.mark.unit
 
 MODULES = [
     "trainfleet.units",
+    "trainfleet.cluster",
+    "trainfleet.cluster.hostfile",
+    "trainfleet.cluster.load",
+    "trainfleet.cluster.model",
+    "trainfleet.cluster.validate",
+    "trainfleet.cluster.yaml_spec",
     "trainfleet.plan",
     "trainfleet.plan.activations",
     "trainfleet.plan.cpu_memory",

@@ -1,0 +1,56 @@
+"""Cluster spec: which nodes, how to reach them, how many ranks each runs.
+
+    >>> from trainfleet.cluster import load_cluster
+    >>> cluster = load_cluster(hosts="gpu-node-1:8,gpu-node-2:8", include="gpu-node-2:0,1")
+    >>> [(n.host, n.slots, n.gpu_ids) for n in cluster.nodes]
+    [('gpu-node-2', 2, (0, 1))]
+
+Three sources give one model: a DeepSpeed hostfile (`host slots=N`, read exactly as DeepSpeed's
+runner reads it), a cluster.yaml, or `--hosts a,b,c`. With none, this machine is a one-node
+cluster. DeepSpeed's `--include/--exclude` NODE_SPEC filters (`worker-0@worker-1:0,2`) apply to
+any source. Every value that can reach a remote shell is checked here, once, so that nothing a
+user did not ask for is ever executed.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from trainfleet.cluster.hostfile import filter_nodes, parse_hostfile
+from trainfleet.cluster.load import load_cluster
+from trainfleet.cluster.model import (
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_MASTER_PORT,
+    LOCAL_HOSTS,
+    Cluster,
+    Node,
+    SshOptions,
+)
+from trainfleet.cluster.validate import check_host
+from trainfleet.cluster.yaml_spec import parse_cluster_yaml
+
+__all__ = [
+    "DEFAULT_CONNECT_TIMEOUT",
+    "DEFAULT_MASTER_PORT",
+    "LOCAL_HOSTS",
+    "Cluster",
+    "Node",
+    "SshOptions",
+    "backup_name",
+    "check_host",
+    "filter_nodes",
+    "load_cluster",
+    "parse_cluster_yaml",
+    "parse_hostfile",
+]
+
+
+def backup_name(path: str) -> str:
+    """`path.YYYYmmdd-HHMMSS`, made unique: an older backup is never overwritten."""
+    stem = f"{path}.{time.strftime('%Y%m%d-%H%M%S')}"
+    candidate, n = stem, 0
+    while Path(candidate).exists():
+        n += 1
+        candidate = f"{stem}-{n}"
+    return candidate
