@@ -84,7 +84,7 @@ def run_demo() -> int:
             return 1
         return _answers()
 
-    cluster_file = str(sandbox.lifecycle.state_root() / DEMO_NAME / "cluster.yaml")
+    cluster_file = str(sandbox.state.state_root() / DEMO_NAME / "cluster.yaml")
     up = ["sandbox", "up", "--name", DEMO_NAME, "--nodes", "2", "--slots", "1"]
     down = ["sandbox", "down", "--name", DEMO_NAME]
     model, data = _assets()

@@ -6,12 +6,14 @@ import json
 import subprocess
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from trainfleet import sandbox
 from trainfleet.cli.main import main
 from trainfleet.cluster import load_cluster
+from trainfleet.errors import SandboxError
 from trainfleet.remote import Failure, run_on_nodes
 
 pytestmark = pytest.mark.cluster
@@ -24,14 +26,14 @@ def _leftovers(name: str) -> dict[str, list[str]]:
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
     procs = subprocess.run(["ps", "-eo", "stat=,args="], capture_output=True, text=True).stdout
-    state_dir = str(sandbox.lifecycle.state_root() / name)
+    state_dir = str(sandbox.state.state_root() / name)
     return {
         "netns": [ln for ln in netns.splitlines() if ln.startswith(f"tf-{name}-")],
         "links": [ln for ln in links.splitlines() if f"tv-{name}-" in ln or f"tfbr-{name}" in ln],
         # A zombie already released everything; the sshd's parent (init) reaps it later.
         "processes": [p for p in procs.splitlines() if state_dir in p and not p.startswith("Z")],
-        "etc": [str(p) for p in sandbox.lifecycle.Path("/etc/netns").glob(f"tf-{name}-*")],
-        "state": [state_dir] if sandbox.lifecycle.Path(state_dir).exists() else [],
+        "etc": [str(p) for p in Path("/etc/netns").glob(f"tf-{name}-*")],
+        "state": [state_dir] if Path(state_dir).exists() else [],
     }
 
 
@@ -109,7 +111,7 @@ def test_down_cleans_up_after_a_crash_that_lost_the_state(make_sandbox):
 
 def test_up_refuses_a_second_sandbox_of_the_same_name(make_sandbox):
     box = make_sandbox(nodes=1)
-    with pytest.raises(sandbox.lifecycle.SandboxError) as err:
+    with pytest.raises(SandboxError) as err:
         sandbox.up(nodes=1, name=box.name)
     assert "already up" in err.value.what
 

@@ -18,6 +18,8 @@ MODULES = [
     "trainfleet.cluster.model",
     "trainfleet.cluster.validate",
     "trainfleet.cluster.yaml_spec",
+    "trainfleet.sandbox.build",
+    "trainfleet.sandbox.state",
     "trainfleet.plan",
     "trainfleet.plan.activations",
     "trainfleet.plan.cpu_memory",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+import re
 from pathlib import Path
 
 import pytest
@@ -9,7 +11,7 @@ import yaml
 
 from trainfleet.cluster import parse_cluster_yaml, parse_hostfile
 from trainfleet.errors import SandboxError
-from trainfleet.sandbox import FAULTS, faults, files, lifecycle
+from trainfleet.sandbox import FAULTS, build, faults, files, netns, state
 
 pytestmark = pytest.mark.unit
 
@@ -54,14 +56,14 @@ def test_firewall_rules_pass_ssh_and_master_port_only_for_the_ports_fault():
 
 
 def test_plan_nodes_names_addresses_and_interfaces():
-    nodes = lifecycle._plan_nodes("x", 3, ["ens14f0", "ens14f1", "ens14f2"], "10.9.9.0/24")
+    nodes = build.plan_nodes("x", 3, ["ens14f0", "ens14f1", "ens14f2"], "10.9.9.0/24")
     assert [n.hostname for n in nodes] == HOSTS
     assert [n.ifname for n in nodes] == ["ens14f0", "ens14f1", "ens14f2"]
     assert len({n.address for n in nodes}) == 3
     assert all(len(n.host_veth) <= 15 for n in nodes)  # Linux interface name limit
-    one_name = lifecycle._plan_nodes("x", 2, ["eth1"], "10.9.9.0/24")
+    one_name = build.plan_nodes("x", 2, ["eth1"], "10.9.9.0/24")
     assert [n.ifname for n in one_name] == ["eth1", "eth1"]
-    assert [n.ifname for n in lifecycle._plan_nodes("x", 2, [], "10.9.9.0/24")] == ["eth0", "eth0"]
+    assert [n.ifname for n in build.plan_nodes("x", 2, [], "10.9.9.0/24")] == ["eth0", "eth0"]
 
 
 @pytest.mark.parametrize(
@@ -70,24 +72,24 @@ def test_plan_nodes_names_addresses_and_interfaces():
 )
 def test_plan_nodes_rejects_bad_input(count, ifnames):
     with pytest.raises(SandboxError):
-        lifecycle._plan_nodes("x", count, ifnames, "10.9.9.0/24")
+        build.plan_nodes("x", count, ifnames, "10.9.9.0/24")
 
 
 @pytest.mark.parametrize("name", ["", "UPPER", "toolongname", "a-b", "a;b"])
 def test_bad_sandbox_names(name):
     with pytest.raises(SandboxError):
-        lifecycle._check_name(name)
+        state.check_name(name)
 
 
 def test_not_root_is_a_clear_error(monkeypatch):
-    monkeypatch.setattr(lifecycle.netns.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(netns.os, "geteuid", lambda: 1000)
     with pytest.raises(SandboxError) as err:
-        lifecycle.up(nodes=2)
+        build.up(nodes=2)
     assert "root" in err.value.what and "sudo" in err.value.fix
 
 
 def test_written_specs_load_back_as_the_same_cluster(tmp_path):
-    nodes = lifecycle._plan_nodes("x", 2, ["ens14f0", "ens14f1"], "10.9.9.0/24")
+    nodes = build.plan_nodes("x", 2, ["ens14f0", "ens14f1"], "10.9.9.0/24")
     cluster = parse_cluster_yaml(
         files.cluster_yaml_text(nodes, tmp_path, slots=2, master_port=29501),
         str(tmp_path / "cluster.yaml"),
@@ -106,7 +108,7 @@ def test_written_specs_load_back_as_the_same_cluster(tmp_path):
 
 
 def test_hosts_file_maps_own_name_to_address_loopback_or_nothing():
-    nodes = lifecycle._plan_nodes("x", 2, [], "10.9.9.0/24")
+    nodes = build.plan_nodes("x", 2, [], "10.9.9.0/24")
     own = f"{nodes[1].address}\tgpu-node-2"
     faulty = files.etc_hosts_text(nodes, nodes[1], own_name="loopback")
     healthy = files.etc_hosts_text(nodes, nodes[1])
@@ -119,7 +121,7 @@ def test_hosts_file_maps_own_name_to_address_loopback_or_nothing():
 
 
 def test_bare_env_fault_sets_path_in_sshd(tmp_path):
-    node = lifecycle._plan_nodes("x", 1, [], "10.9.9.0/24")[0]
+    node = build.plan_nodes("x", 1, [], "10.9.9.0/24")[0]
     assert "SetEnv PATH=/usr/bin:/bin" in files.sshd_config_text(
         node, tmp_path, trust=True, path="/usr/bin:/bin"
     )
@@ -127,9 +129,20 @@ def test_bare_env_fault_sets_path_in_sshd(tmp_path):
 
 
 def test_sshd_config_without_trust_points_at_no_key(tmp_path):
-    node = lifecycle._plan_nodes("x", 1, [], "10.9.9.0/24")[0]
+    node = build.plan_nodes("x", 1, [], "10.9.9.0/24")[0]
     trusted = files.sshd_config_text(node, tmp_path, trust=True)
     untrusted = files.sshd_config_text(node, tmp_path, trust=False)
     assert f"AuthorizedKeysFile {tmp_path / 'authorized_keys'}" in trusted
     assert "AuthorizedKeysFile /nonexistent" in untrusted
     assert f"ListenAddress {node.address}" in trusted and "PasswordAuthentication no" in trusted
+
+
+def test_every_fault_in_the_catalog_is_applied_by_name_and_a_misspelt_name_is_a_bug():
+    """A fault the builder never names would be accepted by `sandbox up` and inject nothing."""
+    named = set(re.findall(r'"([a-z0-9-]+)"', inspect.getsource(build)))
+    assert set(FAULTS) <= named, sorted(set(FAULTS) - named)
+    box = state.Sandbox(
+        name="x", state_dir=Path("/nonexistent"), subnet="10.9.9.0/24", bridge="b", nodes=[]
+    )
+    with pytest.raises(KeyError, match="port-in-uses"):
+        build._faulted(box, "port-in-uses")

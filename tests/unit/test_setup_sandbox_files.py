@@ -6,13 +6,13 @@ import pytest
 import yaml
 
 from trainfleet.cluster import parse_cluster_yaml
-from trainfleet.sandbox import files, lifecycle, users
+from trainfleet.sandbox import build, files, users
 
 pytestmark = pytest.mark.unit
 
 
 def test_sshd_accepts_only_the_users_password_and_its_own_keys(tmp_path):
-    node = lifecycle._plan_nodes("x", 1, [], "10.9.9.0/24")[0]
+    node = build.plan_nodes("x", 1, [], "10.9.9.0/24")[0]
     text = files.sshd_config_text(node, tmp_path, trust=True, password_user="tfuser")
     assert "PasswordAuthentication yes" in text and "AllowUsers tfuser" in text
     assert "PermitRootLogin no" in text
@@ -23,7 +23,7 @@ def test_sshd_accepts_only_the_users_password_and_its_own_keys(tmp_path):
 
 
 def test_the_password_clusters_ssh_files_live_in_the_users_home(tmp_path):
-    nodes = lifecycle._plan_nodes("x", 2, [], "10.9.9.0/24")
+    nodes = build.plan_nodes("x", 2, [], "10.9.9.0/24")
     text = files.cluster_yaml_text(nodes, tmp_path, 1, 29500, password_user="tfuser")
     cluster = parse_cluster_yaml(text, str(tmp_path / "cluster.yaml"))
     ssh = cluster.nodes[0].ssh
@@ -49,4 +49,4 @@ def test_user_lines():
 
 def test_unknown_auth_mode_is_refused():
     with pytest.raises(Exception, match="unknown auth"):
-        lifecycle.up(nodes=1, auth="kerberos")
+        build.up(nodes=1, auth="kerberos")

@@ -1,0 +1,392 @@
+"""`sandbox up`: the bridge, one namespace per node with its veth, interface name, hostname,
+/etc/hosts and sshd, the client files (key, known_hosts, ssh_config, cluster.yaml, hostfile),
+then the faults asked for. On any failure, whatever was made is removed again.
+
+    >>> [n.address for n in plan_nodes("tf", 2, ["ens14f0", "ens14f1"], "10.9.9.0/24")]
+    ['10.9.9.11', '10.9.9.12']
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import re
+import socket
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from trainfleet.cluster import DEFAULT_MASTER_PORT
+from trainfleet.errors import SandboxError
+from trainfleet.sandbox import files, netns, users
+from trainfleet.sandbox.faults import (
+    BARE_PATH,
+    DECOYS,
+    FAULTS,
+    SLOW_LINK_RATE,
+    SMALL_MTU,
+    firewall_rules,
+    parse_fault,
+)
+from trainfleet.sandbox.lifecycle import down
+from trainfleet.sandbox.state import (
+    DEFAULT_NAME,
+    MAX_NODES,
+    Sandbox,
+    check_name,
+    default_subnet,
+    load,
+    state_root,
+)
+
+_IFNAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,14}$")
+_SSHD_START_TIMEOUT_S = 15.0
+
+
+def plan_nodes(
+    name: str, count: int, ifnames: Sequence[str], subnet: str
+) -> list[files.SandboxNode]:
+    if not 1 <= count <= MAX_NODES:
+        raise SandboxError(f"--nodes must be in 1..{MAX_NODES}, got {count}", "pick fewer nodes")
+    if len(ifnames) not in (0, 1, count):
+        raise SandboxError(
+            f"{len(ifnames)} interface names for {count} nodes",
+            "give one name for all nodes, or one per node (--ifnames ens14f0,ens14f1)",
+        )
+    for ifname in ifnames:
+        if not _IFNAME_RE.match(ifname) or ifname == "lo" or ifname in DECOYS:
+            raise SandboxError(f"bad interface name {ifname!r}", "use e.g. eth0 or ens14f0")
+    net = ipaddress.ip_network(subnet)
+    hosts = list(net.hosts())
+    if len(hosts) < count + 11:
+        raise SandboxError(f"subnet {subnet} is too small for {count} nodes", "use a /24")
+    names = list(ifnames) * count if len(ifnames) == 1 else list(ifnames) or ["eth0"] * count
+    return [
+        files.SandboxNode(
+            index=k,
+            hostname=f"gpu-node-{k}",
+            address=str(hosts[9 + k]),
+            ifname=names[k - 1],
+            netns=f"tf-{name}-{k}",
+            host_veth=f"tv-{name}-{k}",
+        )
+        for k in range(1, count + 1)
+    ]
+
+
+def _keygen(path: Path) -> str:
+    netns.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", path.name, "-f", str(path)])
+    return " ".join(path.with_suffix(".pub").read_text().split()[:2])
+
+
+def _write(path: Path, text: str, mode: int = 0o644) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(mode)
+
+
+def up(
+    *,
+    nodes: int,
+    name: str = DEFAULT_NAME,
+    ifnames: Sequence[str] = (),
+    slots: int = 1,
+    faults: Sequence[str] = (),
+    subnet: str | None = None,
+    master_port: int = DEFAULT_MASTER_PORT,
+    login_shell: str | None = None,
+    node_local_dir: str | None = None,
+    auth: str = "key",
+) -> Sandbox:
+    """Create the sandbox; on any failure, remove whatever was made and raise.
+
+    `login_shell` (e.g. /bin/sh) replaces root's shell on the nodes, so that commands skip this
+    machine's ~/.bashrc; for benchmarks, where all nodes share this machine's cores.
+    `node_local_dir`: every node sees its own private directory at that path (the state dir's
+    nodes/HOST/local, bind-mounted), as nodes without shared storage do.
+    `auth`: 'password' makes fresh servers: sshd accepts only the test user's password (in
+    STATE/password), nothing is trusted, every node has its own home (see `users`).
+    """
+    if auth not in users.AUTH_MODES:
+        raise SandboxError(f"unknown auth {auth!r}", f"use one of {', '.join(users.AUTH_MODES)}")
+    if node_local_dir is not None and not Path(node_local_dir).is_dir():
+        raise SandboxError(f"{node_local_dir} is not a directory", "create it first")
+    if login_shell is not None and not os.access(login_shell, os.X_OK):
+        raise SandboxError(f"login shell {login_shell} is not an executable", "use e.g. /bin/sh")
+    netns.require_root_and_netns()
+    check_name(name)
+    if load(name) is not None or any(ns.startswith(f"tf-{name}-") for ns in netns.netns_list()):
+        raise SandboxError(
+            f"sandbox {name!r} is already up", f"run `trainfleet sandbox down --name {name}` first"
+        )
+    subnet = subnet or default_subnet(name)
+    planned = plan_nodes(name, nodes, ifnames, subnet)
+    hostnames = [n.hostname for n in planned]
+    parsed = [parse_fault(f, hostnames) for f in faults]
+    state_dir = state_root() / name
+    sandbox = Sandbox(
+        name=name,
+        state_dir=state_dir,
+        subnet=subnet,
+        bridge=f"tfbr-{name}",
+        nodes=planned,
+        faults=parsed,
+        slots=slots,
+        master_port=master_port,
+        login_shell=login_shell,
+        node_local_dir=node_local_dir,
+        auth=auth,
+    )
+    try:
+        _build(sandbox)
+    except BaseException:
+        down(name)
+        raise
+    return sandbox
+
+
+def _faulted(sandbox: Sandbox, fault_name: str) -> set[int]:
+    """The nodes given `fault_name`. A name not in the catalog is a bug here, never a fault
+    that silently injects nothing."""
+    if fault_name not in FAULTS:
+        raise KeyError(f"no sandbox fault {fault_name!r}")
+    return {f.node for f in sandbox.faults if f.name == fault_name}
+
+
+def _build(sandbox: Sandbox) -> None:
+    state = sandbox.state_dir
+    state.mkdir(parents=True, exist_ok=True)
+    # The password sandbox's user must reach its home and the ssh config under it.
+    state.chmod(0o711 if sandbox.auth == "password" else 0o700)
+    # Record the state first: `down` must find even a half-built sandbox.
+    _write(state / "state.json", json.dumps(sandbox.to_json(), indent=2) + "\n")
+    net = ipaddress.ip_network(sandbox.subnet)
+    prefix = net.prefixlen
+    gateway = str(next(net.hosts()))
+
+    netns.run(["ip", "link", "add", sandbox.bridge, "type", "bridge"])
+    netns.run(["ip", "addr", "add", f"{gateway}/{prefix}", "dev", sandbox.bridge])
+    netns.run(["ip", "link", "set", sandbox.bridge, "up"])
+
+    user = users.new_user(state) if sandbox.auth == "password" else None
+    if user is None:  # the password sandbox trusts no key at all
+        client_key = _keygen(state / "id_ed25519")
+        _write(state / "authorized_keys", client_key + "\n", 0o600)
+    host_keys: dict[int, str] = {}
+    for node in sandbox.nodes:
+        ns = node.netns
+        node_dir = state / "nodes" / node.hostname
+        node_dir.mkdir(parents=True, exist_ok=True)
+        host_keys[node.index] = _keygen(node_dir / "ssh_host_ed25519_key")
+        if user is not None:
+            users.make_node_home(node_dir, user)
+        netns.run(["ip", "netns", "add", ns])
+        if node.index in _faulted(sandbox, "decoy-iface"):
+            _add_decoys(ns)  # first, so they come before the data interface, as on real hosts
+        # The peer is created straight inside the namespace: every node may call it eth0.
+        netns.run(
+            [
+                "ip",
+                "link",
+                "add",
+                node.host_veth,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                node.ifname,
+                "netns",
+                ns,
+            ]
+        )
+        netns.run(["ip", "link", "set", node.host_veth, "master", sandbox.bridge, "up"])
+        netns.run(["ip", "-n", ns, "addr", "add", f"{node.address}/{prefix}", "dev", node.ifname])
+        netns.run(["ip", "-n", ns, "link", "set", "lo", "up"])
+        netns.run(["ip", "-n", ns, "link", "set", node.ifname, "up"])
+        own_name = "address"
+        if node.index in _faulted(sandbox, "hostname-loopback"):
+            own_name = "loopback"
+        elif node.index in _faulted(sandbox, "hostname-unresolvable"):
+            own_name = "absent"
+        mapped = node.index not in _faulted(sandbox, "client-name-unresolvable")
+        hosts = files.etc_hosts_text(sandbox.nodes, node, own_name=own_name, mapped=mapped)
+        _write(Path("/etc/netns") / ns / "hosts", hosts)
+        bare_env = node.index in _faulted(sandbox, "remote-env-differs")
+        shell = "/bin/sh" if bare_env else sandbox.login_shell
+        if shell:
+            _write(Path("/etc/netns") / ns / "passwd", _passwd_with_root_shell(shell))
+        trust = node.index not in _faulted(sandbox, "ssh-auth-failed")
+        sshd_config = files.sshd_config_text(
+            node,
+            state,
+            trust=trust,
+            path=BARE_PATH if bare_env else None,
+            password_user=user.name if user else None,
+        )
+        _write(node_dir / "sshd_config", sshd_config)
+    if user is not None:
+        etc_dirs = [Path("/etc/netns") / node.netns for node in sandbox.nodes]
+        users.write_login_files(state, etc_dirs, user)
+
+    _write_client_files(sandbox, host_keys)
+    _apply_network_faults(sandbox)
+    _start_sshds(sandbox)
+    _start_port_holders(sandbox)
+
+
+def _passwd_with_root_shell(shell: str) -> str:
+    lines = Path("/etc/passwd").read_text().splitlines()
+    return "".join(
+        (":".join([*ln.split(":")[:6], shell]) if ln.startswith("root:") else ln) + "\n"
+        for ln in lines
+    )
+
+
+def _write_client_files(sandbox: Sandbox, host_keys: dict[int, str]) -> None:
+    state = sandbox.state_dir
+    known = []
+    for node in sandbox.nodes:
+        if node.index in _faulted(sandbox, "ssh-hostkey-unknown"):
+            continue
+        key = host_keys[node.index]
+        if node.index in _faulted(sandbox, "ssh-hostkey-changed"):
+            key = _keygen(state / "nodes" / node.hostname / "previous_host_key")
+        known.append((node, key))
+    _write(state / "hostfile", files.hostfile_text(sandbox.nodes, sandbox.slots))
+    if sandbox.auth == "password":
+        # Nothing is known on fresh servers; a changed key is one trusted before a reinstall.
+        changed = [(n, k) for n, k in known if n.index in _faulted(sandbox, "ssh-hostkey-changed")]
+        if changed:
+            (sandbox.home / ".ssh").mkdir(mode=0o700, exist_ok=True)
+            _write(sandbox.home / ".ssh" / "known_hosts", files.known_hosts_text(changed), 0o600)
+        user = users.SANDBOX_USER
+        _write(state / "ssh_config", files.password_ssh_config_text(sandbox.nodes, user))
+        text = files.cluster_yaml_text(
+            sandbox.nodes, state, sandbox.slots, sandbox.master_port, password_user=user
+        )
+        _write(sandbox.cluster_file, text)
+        return
+    _write(state / "known_hosts", files.known_hosts_text(known))
+    _write(state / "ssh_config", files.ssh_config_text(sandbox.nodes, state))
+    _write(
+        sandbox.cluster_file,
+        files.cluster_yaml_text(sandbox.nodes, state, sandbox.slots, sandbox.master_port),
+    )
+
+
+def _apply_network_faults(sandbox: Sandbox) -> None:
+    for fault in sandbox.faults:
+        node = sandbox.node(fault.node)
+        ns = node.netns
+        if fault.name not in FAULTS:
+            raise KeyError(f"no sandbox fault {fault.name!r}")
+        if fault.name in ("firewall-blocks-ports", "firewall-ssh-only"):
+            for rule in firewall_rules(fault.name, sandbox.master_port):
+                netns.run(netns.in_netns(ns, ["iptables", *rule]))
+        elif fault.name == "slow-link":
+            shape = ["root", "tbf", "rate", SLOW_LINK_RATE, "burst", "64kb", "latency", "100ms"]
+            netns.run(["tc", "-n", ns, "qdisc", "add", "dev", node.ifname, *shape])
+            netns.run(["tc", "qdisc", "add", "dev", node.host_veth, *shape])
+        elif fault.name == "mtu-mismatch":
+            netns.run(["ip", "-n", ns, "link", "set", node.ifname, "mtu", str(SMALL_MTU)])
+        elif fault.name == "node-down":
+            netns.run(["ip", "-n", ns, "link", "set", node.ifname, "down"])
+
+
+def _add_decoys(ns: str) -> None:
+    """Bridges like libvirt's and docker's, with addresses on no cluster network. (No `dummy`
+    kernel module here: each is a veth whose peer stays in the namespace.)"""
+    for name, address in DECOYS.items():
+        peer = f"{name}-peer"
+        netns.run(["ip", "-n", ns, "link", "add", name, "type", "veth", "peer", "name", peer])
+        netns.run(["ip", "-n", ns, "addr", "add", address, "dev", name])
+        netns.run(["ip", "-n", ns, "link", "set", peer, "up"])
+        netns.run(["ip", "-n", ns, "link", "set", name, "up"])
+
+
+def _start_sshds(sandbox: Sandbox) -> None:
+    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation dir
+    down_nodes = _faulted(sandbox, "node-down")
+    starting = []
+    for node in sandbox.nodes:
+        if node.index in down_nodes:
+            continue
+        node_dir = sandbox.state_dir / "nodes" / node.hostname
+        # Own UTS namespace: every ssh session into the node sees its hostname; own mount
+        # namespace: the node-local directory, if any, is private to it.
+        script = 'hostname "$1" && exec "$2" -f "$3" -E "$4"'
+        if sandbox.node_local_dir:
+            local = node_dir / "local"
+            local.mkdir(exist_ok=True)
+            script = f'mount --bind "$5" "$6" && {script}'
+        if sandbox.auth == "password":  # the node's own home, at the one home path
+            script = f'mount --bind "$7" "$8" && {script}'
+        argv = netns.in_netns(
+            node.netns,
+            [
+                "unshare", "--uts", "--mount", "sh", "-c", script, "sh",
+                node.hostname, netns.SSHD, str(node_dir / "sshd_config"),
+                str(node_dir / "sshd.log"), str(node_dir / "local"),
+                sandbox.node_local_dir or "", str(node_dir / "home"), str(sandbox.home),
+            ],
+        )  # fmt: skip
+        starting.append(
+            (
+                node,
+                subprocess.Popen(argv, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True),
+            )
+        )
+    for node, proc in starting:
+        _, err = proc.communicate(timeout=_SSHD_START_TIMEOUT_S)
+        if proc.returncode != 0:
+            raise SandboxError(
+                f"sshd on {node.hostname} did not start: {err.strip()}",
+                f"see {sandbox.state_dir}/nodes/{node.hostname}/sshd.log",
+            )
+    deadline = time.monotonic() + _SSHD_START_TIMEOUT_S
+    waiting = [node for node, _ in starting]
+    while waiting:
+        waiting = [node for node in waiting if not _port_open(node.address, 22)]
+        if waiting and time.monotonic() > deadline:
+            names = ", ".join(n.hostname for n in waiting)
+            raise SandboxError(
+                f"sshd on {names} not listening after {_SSHD_START_TIMEOUT_S} s",
+                f"see the sshd.log files under {sandbox.state_dir}/nodes",
+            )
+        time.sleep(0.05)
+
+
+def _port_open(address: str, port: int) -> bool:
+    try:
+        with socket.create_connection((address, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+_PORT_HOLDER = (
+    "import socket, sys, time\n"
+    "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+    "s.bind(('0.0.0.0', int(sys.argv[1]))); s.listen(8)\n"
+    "print('ready', flush=True)\n"
+    "while True: time.sleep(3600)\n"
+)
+
+
+def _start_port_holders(sandbox: Sandbox) -> None:
+    """The 'leftover process from the last run' that holds the master port (seed 000 §5.3)."""
+    for index in _faulted(sandbox, "port-in-use"):
+        argv = sandbox.exec_argv(index, ["python3", "-c", _PORT_HOLDER, str(sandbox.master_port)])
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            text=True,
+        )
+        if proc.stdout.readline().strip() != "ready":
+            raise SandboxError("the port-in-use fault could not bind the master port", "retry")
+        proc.stdout.close()
