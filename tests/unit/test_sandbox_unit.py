@@ -146,3 +146,15 @@ def test_every_fault_in_the_catalog_is_applied_by_name_and_a_misspelt_name_is_a_
     )
     with pytest.raises(KeyError, match="port-in-uses"):
         build._faulted(box, "port-in-uses")
+
+
+def test_the_sandbox_name_may_be_given_as_an_argument_as_users_type_it(
+    capsys, tmp_path, monkeypatch
+):
+    from trainfleet.cli.main import main
+
+    monkeypatch.setenv("TRAINFLEET_SANDBOX_DIR", str(tmp_path))
+    assert main(["sandbox", "status", "box2"]) == 1  # not up
+    assert "sandbox 'box2' is not up" in capsys.readouterr().out
+    assert main(["sandbox", "status", "box2", "--name", "box3"]) == 1
+    assert "two sandbox names given (box2 and --name box3)" in capsys.readouterr().err

@@ -11,6 +11,7 @@ import argparse
 import json
 
 from trainfleet import sandbox
+from trainfleet.errors import SandboxError
 from trainfleet.sandbox import FAULTS
 from trainfleet.sandbox.users import SANDBOX_USER
 
@@ -78,7 +79,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         sub.add_parser("down", help="remove everything `up` made"),
         sub.add_parser("status", help="nodes and their state"),
     ):
-        p.add_argument("--name", default=sandbox.DEFAULT_NAME, help="sandbox name (default tf)")
+        p.add_argument("--name", default=None, help="sandbox name (default tf)")
+        p.add_argument("name_arg", nargs="?", metavar="NAME", help="the same as --name NAME")
         p.add_argument("--json", action="store_true", help="print JSON")
 
 
@@ -155,4 +157,10 @@ def _run_status(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.name and args.name_arg and args.name != args.name_arg:
+        raise SandboxError(
+            f"two sandbox names given ({args.name_arg} and --name {args.name})", "give one"
+        )
+    name = args.name or args.name_arg or sandbox.DEFAULT_NAME
+    args = argparse.Namespace(**{**vars(args), "name": name})
     return {"up": _run_up, "down": _run_down, "status": _run_status}[args.action](args)
