@@ -79,7 +79,7 @@ def test_the_runner_s_exports_reach_every_rank_on_both_backends(dirs):
     home, cwd = dirs
     cluster = parse_cluster_yaml(CLUSTER, "cluster.yaml")
     ssh = {n.host: n.env for n in _ssh_plan(cluster, home, cwd, SHELL).nodes}
-    ds = {e["host"]: e["env"] for e in _ds_plan(cluster, home, cwd, SHELL).node_table}
+    ds = {e.host: e.env for e in _ds_plan(cluster, home, cwd, SHELL).node_table}
     for envs in (ssh, ds):
         for host in ("gpu-node-1", "gpu-node-2"):
             env = envs[host]
@@ -101,7 +101,7 @@ def test_deepspeed_env_files_are_read_home_then_launch_directory_and_merged(dirs
         envs = (
             [n.env for n in plan.nodes]
             if hasattr(plan, "nodes")
-            else [e["env"] for e in plan.node_table]
+            else [e.env for e in plan.node_table]
         )
         for env in envs:
             assert env["FROM_HOME"] == "1" and env["BOTH"] == "cwd"  # ./ after ~/
@@ -124,7 +124,7 @@ def test_a_users_ds_env_file_names_the_file_and_the_runner_gets_trainfleets_own(
     cluster = load_cluster(hosts="gpu-node-1,gpu-node-2")
     shell = {"DS_ENV_FILE": "cluster.env"}
     plan = _ds_plan(cluster, home, cwd, shell)
-    env = plan.node_table[0]["env"]
+    env = plan.node_table[0].env
     assert env["FROM_NAMED"] == "1" and "IGNORED" not in env
     # The runner reads trainfleet's file (an absolute path: the same under ~ and ./).
     assert plan.env["DS_ENV_FILE"] == str((cwd / "run" / "deepspeed_env").resolve())

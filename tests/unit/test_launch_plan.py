@@ -204,7 +204,7 @@ def test_deepspeed_plan_explicit_hosts_master_and_per_node_env_without_secrets_i
     assert plan.argv[-4:] == ["/tmp/trainfleet-r1/shim.py", "train.py", "--lr", "1e-4"]
     assert plan.hostfile == "gpu-node-1 slots=2\ngpu-node-2 slots=2\n"
     # Every node's own interface, through the shim's table; the secrets only there.
-    table = {e["host"]: e["env"] for e in plan.node_table}
+    table = {e.host: e.env for e in plan.node_table}
     assert table["gpu-node-2"]["GLOO_SOCKET_IFNAME"] == "ens14f1"
     assert table["gpu-node-2"]["WANDB_API_KEY"] == "secret123"
     shown = " ".join(plan.argv) + plan.ds_env + " ".join(plan.env.values())
@@ -214,7 +214,7 @@ def test_deepspeed_plan_explicit_hosts_master_and_per_node_env_without_secrets_i
     # DeepSpeed's runner would export MLFLOW_* on pdsh's command line: taken from its env,
     # given to every node through the table instead.
     assert plan.unset == ["MLFLOW_TRACKING_PASSWORD"]
-    assert all(e["env"]["MLFLOW_TRACKING_PASSWORD"] == "mlflow-pw" for e in plan.node_table)
+    assert all(e.env["MLFLOW_TRACKING_PASSWORD"] == "mlflow-pw" for e in plan.node_table)
     assert "mlflow-pw" not in text
     assert "TRAINFLEET_LOCAL_RANK_ARG=never" in plan.ds_env  # DeepSpeed passes it itself
 

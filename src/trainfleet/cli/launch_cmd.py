@@ -19,6 +19,7 @@ from trainfleet.cli.common import (
     command_after_dashes,
 )
 from trainfleet.errors import TrainfleetError
+from trainfleet.launch.plan import Backend
 
 HELP = "start a training script on every node (torchrun over ssh), fail fast, explain hangs"
 DESCRIPTION = """\
@@ -56,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_cluster_arguments(parser)
     parser.add_argument(
         "--backend",
-        choices=("ssh", "deepspeed"),
+        choices=Backend.ALL,
         default="ssh",
         help="ssh: torchrun on every node over ssh (default); deepspeed: DeepSpeed's own "
         "runner (pdsh), each node still given its own environment",
@@ -217,9 +218,7 @@ def render_outcome(result, plan) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainfleet.launch import LaunchOptions, PreflightFailed, new_run_id, prepare
-    from trainfleet.launch.deepspeed import DeepSpeedPlan, render_deepspeed
-    from trainfleet.launch.plan import render_plan
+    from trainfleet.launch import LaunchOptions, PreflightFailed, backend_for, new_run_id, prepare
     from trainfleet.launch.restarts import launch_with_restarts
 
     if args.max_restarts < 0:
@@ -247,7 +246,7 @@ def run(args: argparse.Namespace) -> int:
             plan, _ = prepare(
                 cluster, options, preflight=args.preflight, run_dir=run_dir, dry_run=True
             )
-            print(render_deepspeed(plan) if isinstance(plan, DeepSpeedPlan) else render_plan(plan))
+            print(backend_for(plan).render(plan))
             return 0
         result, plan = launch_with_restarts(
             cluster,

@@ -11,8 +11,9 @@ hangs.
 
 `prepare` runs a quick doctor (the preflight: its facts give each node's interface, GPUs and
 the master's busy ports; its errors stop the launch) and makes the plan for the backend
-(`plan.py` for ssh, `deepspeed.py` for DeepSpeed's runner; both pure); `launch` executes it
-(`supervisor.py`) and, when ranks did not join, asks doctor why.
+(`BACKENDS`: `ssh.py` with `plan.py`, `deepspeed.py` for DeepSpeed's runner; plans pure);
+`launch` has the backend start its channels, runs them (`supervisor.py`), has the backend clean
+up, and, when ranks did not join, asks doctor why.
 """
 
 from __future__ import annotations
@@ -20,8 +21,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import shutil
-import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -32,34 +31,33 @@ from trainfleet.doctor.checks.network import listeners_besides_probe
 from trainfleet.doctor.findings import Severity
 from trainfleet.errors import TrainfleetError
 from trainfleet.files import write_private
-from trainfleet.launch import shim, stacks
-from trainfleet.launch.deepspeed import (
-    DeepSpeedPlan,
-    node_files_argv,
-    node_files_job,
-    plan_deepspeed,
-    remove_job,
-)
-from trainfleet.launch.plan import (
-    Backend,
-    LaunchOptions,
-    LaunchPlan,
-    NodeFacts,
-    masked,
-    masked_argv,
-    plan_launch,
-)
-from trainfleet.launch.supervisor import (
-    AnyPlan,
-    Channel,
-    LaunchResult,
-    RunState,
-    bootstrap_channels,
-    supervise,
-)
+from trainfleet.launch import deepspeed, ssh, stacks
+from trainfleet.launch.backend import LaunchBackend, Plan
+from trainfleet.launch.plan import LaunchOptions, LaunchPlan, NodeFacts, masked, masked_argv
+from trainfleet.launch.supervisor import LaunchResult, RunState, supervise
 from trainfleet.remote import run_on_nodes
 
-__all__ = ["LaunchOptions", "LaunchPlan", "LaunchResult", "RunState", "launch", "prepare"]
+__all__ = [
+    "BACKENDS",
+    "LaunchOptions",
+    "LaunchPlan",
+    "LaunchResult",
+    "RunState",
+    "backend_for",
+    "launch",
+    "prepare",
+]
+
+BACKENDS: dict[str, LaunchBackend] = {b.name: b for b in (ssh.BACKEND, deepspeed.BACKEND)}
+"""Every launch backend by its `--backend` name (`launch/backend.py` says what one provides)."""
+
+
+def backend_for(plan_or_name: Plan | str) -> LaunchBackend:
+    name = plan_or_name if isinstance(plan_or_name, str) else plan_or_name.options.backend
+    if name not in BACKENDS:
+        raise TrainfleetError(f"no launch backend {name!r}", f"use one of {', '.join(BACKENDS)}")
+    return BACKENDS[name]
+
 
 HANDLED_BY_LAUNCH = ("port-in-use", "hostname-loopback", "iface-mismatch")
 """Findings the launch resolves itself: a busy master port (it moves to a free one), a host
@@ -131,7 +129,7 @@ def prepare(
     preflight: bool = True,
     run_dir: Path,
     dry_run: bool = False,
-) -> tuple[AnyPlan, DoctorReport]:
+) -> tuple[Plan, DoctorReport]:
     """The quick doctor, then the plan for options.backend. Raises PreflightFailed on its
     errors (with preflight), or TrainfleetError when a node could not be examined at all.
     `dry_run`: nothing is written anywhere, on the nodes or here (the run dir is only named)."""
@@ -150,33 +148,28 @@ def prepare(
             f"the master {cluster.master} has no address this machine can resolve",
             "use its address in the cluster spec, or add it to /etc/hosts",
         )
-    common = dict(master_addr=master_addr, launch_env=dict(os.environ), launch_cwd=os.getcwd())
-    if options.backend == Backend.DEEPSPEED:
-        if shutil.which("pdsh") is None:
-            raise TrainfleetError(
-                "DeepSpeed's runner needs pdsh on this machine", "apt-get install pdsh"
-            )
-        plan = plan_deepspeed(
-            cluster, node_facts(report), options, run_dir=run_dir, python=sys.executable, **common
-        )
-    else:
-        plan = plan_launch(cluster, node_facts(report), options, **common)
+    plan = backend_for(options.backend).plan(
+        cluster,
+        node_facts(report),
+        options,
+        master_addr=master_addr,
+        launch_env=dict(os.environ),
+        launch_cwd=os.getcwd(),
+        run_dir=run_dir,
+    )
     return plan, report
 
 
-def _env_record(plan: AnyPlan) -> str:
+def _env_record(plan: Plan) -> str:
     """Each node's environment, secrets masked: what the run dir keeps."""
-    if isinstance(plan, DeepSpeedPlan):
-        envs = {e["host"]: e["env"] for e in plan.node_table}
-    else:
-        envs = {n.host: n.env for n in plan.nodes}
+    envs = backend_for(plan).node_envs(plan)
     return "".join(
         f"{host}: {k}={v}\n" for host, env in envs.items() for k, v in sorted(masked(env).items())
     )
 
 
 def launch(
-    plan: AnyPlan, cluster: Cluster, *, run_dir: Path, out=None, restarts: list | None = None
+    plan: Plan, cluster: Cluster, *, run_dir: Path, out=None, restarts: list | None = None
 ) -> LaunchResult:
     """Run the plan; a run whose ranks did not all join gets doctor's findings as diagnosis."""
     run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -205,66 +198,16 @@ def launch(
         results = run_on_nodes(nodes, argv, timeout=stacks.DUMP_TIMEOUT_S + 5)
         return {r.node: r.stdout if r.ok else _no_dump(pids[r.node], r.reason()) for r in results}
 
-    if not isinstance(plan, DeepSpeedPlan):
-        channels = bootstrap_channels(plan, cluster)
+    backend = backend_for(plan)
+    channels = backend.start(plan, cluster, run_dir)
+    try:
         return supervise(plan, channels, run_dir=run_dir, out=out, diagnose=diagnose,
                          dump_stacks=dump_stacks, restarts=restarts)  # fmt: skip
-
-    (run_dir / "hostfile").write_text(plan.hostfile)
-    write_private(run_dir / "deepspeed_env", plan.ds_env)
-    python = {n.host: node_files_argv(n.python) for n in cluster.nodes}
-    shim_source = Path(shim.__file__).read_text()
-    pushed = run_on_nodes(
-        cluster.nodes, python, stdin=node_files_job(plan, shim_source), timeout=60
-    )
-    failed = [r for r in pushed if not r.ok]
-    if failed:
-        raise TrainfleetError(
-            f"could not write the run's files on {failed[0].node}: {failed[0].reason()}",
-            f"check that {plan.node_dir} can be created there",
-        )
-    env = {k: v for k, v in os.environ.items() if k not in plan.unset} | plan.env
-    runner = Channel(name="deepspeed", argv=plan.argv, pdsh=True, cwd=plan.cwd, env=env)
-    try:
-        return supervise(plan, [runner], run_dir=run_dir, out=out, diagnose=diagnose,
-                         dump_stacks=dump_stacks, restarts=restarts)  # fmt: skip
     finally:
-        # DeepSpeed's runner stops its ranks by name (pkill -f); trainfleet then ends whatever
-        # still carries this run's id in its environment, and removes the run's files.
-        stop = {
-            n.host: [n.python, "-c", KILL_BY_RUN_ID, plan.options.run_id] for n in cluster.nodes
-        }
-        run_on_nodes(cluster.nodes, stop, timeout=30)
-        run_on_nodes(cluster.nodes, python, stdin=remove_job(plan), timeout=30)
+        backend.stop(plan, cluster)
 
 
 def _no_dump(pids: dict[int, int], why: str) -> str:
     """stacks.JOB's output for ranks whose node did not answer."""
     return "".join(f"@@rank {r} pid {pid}\nno stack: the node did not answer ({why})\n"
                    for r, pid in pids.items())  # fmt: skip
-
-
-KILL_BY_RUN_ID = """\
-import os, signal, sys, time
-tag = ("TRAINFLEET_RUN_ID=" + sys.argv[1]).encode() + b"\\0"
-def job():
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open("/proc/%s/environ" % pid, "rb") as f:
-                if tag in f.read() and int(pid) != os.getpid():
-                    found.append(int(pid))
-        except OSError:
-            pass
-    return found
-for sig, wait in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 1.0)):
-    for pid in job():
-        try:
-            os.kill(pid, sig)
-        except OSError:
-            pass
-    deadline = time.time() + wait
-    while job() and time.time() < deadline:
-        time.sleep(0.1)
-"""
-"""Ends every process on a node whose environment carries the run's id (python 3.8 syntax)."""

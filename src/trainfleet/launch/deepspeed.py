@@ -27,17 +27,25 @@ deepspeed.launcher.launch` with the launch node's python path. What trainfleet a
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
+import re
 import shlex
+import shutil
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from trainfleet.cluster import Cluster
 from trainfleet.errors import TrainfleetError
-from trainfleet.launch import environment
+from trainfleet.files import write_private
+from trainfleet.launch import environment, shim
+from trainfleet.launch.backend import Channel, ChannelLine
 from trainfleet.launch.environment import RUNNER_EXPORTS
 from trainfleet.launch.plan import (
+    Backend,
     LaunchOptions,
     NodeFacts,
     env_lines,
@@ -48,7 +56,23 @@ from trainfleet.launch.plan import (
     master_port,
     node_env,
 )
-from trainfleet.remote import ssh_options
+from trainfleet.remote import run_on_nodes, ssh_options
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class NodeTableEntry:
+    """One node of the table the shim reads on every node (node_env.json)."""
+
+    host: str
+    first_rank: int
+    slots: int
+    env: dict[str, str]
+    """Secrets included: the table is written 0600 on the nodes."""
+    sources: dict[str, str]
+    """Where each variable of env came from (environment.py's sources)."""
+
+    def ranks(self) -> range:
+        return range(self.first_rank, self.first_rank + self.slots)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -59,9 +83,7 @@ class DeepSpeedPlan:
     master_port: int
     hostfile: str
     """Text of the hostfile the runner reads."""
-    node_table: list[dict]
-    """Per node: host, first_rank, slots, env (secrets included: written 0600 on the nodes),
-    sources (where each variable of env came from)."""
+    node_table: list[NodeTableEntry]
     node_dir: str
     """Where the shim and the table go on every node."""
     ds_env: str
@@ -78,12 +100,10 @@ class DeepSpeedPlan:
 
     @property
     def world_size(self) -> int:
-        return sum(entry["slots"] for entry in self.node_table)
+        return sum(entry.slots for entry in self.node_table)
 
     def rank_ranges(self) -> dict[str, range]:
-        return {
-            e["host"]: range(e["first_rank"], e["first_rank"] + e["slots"]) for e in self.node_table
-        }
+        return {entry.host: entry.ranks() for entry in self.node_table}
 
 
 def _pdsh_ssh_args(cluster: Cluster) -> str:
@@ -139,13 +159,13 @@ def plan_deepspeed(
         # DeepSpeed's launch sets CUDA_VISIBLE_DEVICES from --include.
         env.drop("CUDA_VISIBLE_DEVICES")
         table.append(
-            {
-                "host": node.host,
-                "first_rank": first_rank,
-                "slots": node.slots,
-                "env": env.values,
-                "sources": env.sources,
-            }
+            NodeTableEntry(
+                host=node.host,
+                first_rank=first_rank,
+                slots=node.slots,
+                env=env.values,
+                sources=env.sources,
+            )
         )
         include.append(f"{node.host}:{','.join(str(i) for i in node.gpu_ids)}")
         first_rank += node.slots
@@ -227,13 +247,12 @@ def render_deepspeed(plan: DeepSpeedPlan) -> str:
         *(f"    {line}" for line in plan.ds_env.splitlines()),
     ]
     for entry in plan.node_table:
-        last = entry["first_rank"] + entry["slots"] - 1
         lines += [
             "",
-            f"{entry['host']}: ranks {entry['first_rank']}-{last}; set by the shim "
+            f"{entry.host}: ranks {entry.first_rank}-{entry.ranks()[-1]}; set by the shim "
             f"({plan.node_dir}/node_env.json, 0600):",
         ]
-        lines += env_lines(masked(entry["env"]), entry.get("sources", {}))
+        lines += env_lines(masked(entry.env), entry.sources)
     return "\n".join(lines)
 
 
@@ -270,7 +289,10 @@ def node_files_job(plan: DeepSpeedPlan, shim_source: str) -> bytes:
     return json.dumps(
         {
             "dir": plan.node_dir,
-            "files": {"shim.py": shim_source, "node_env.json": json.dumps(plan.node_table)},
+            "files": {
+                "shim.py": shim_source,
+                "node_env.json": json.dumps([dataclasses.asdict(e) for e in plan.node_table]),
+            },
         }
     ).encode()
 
@@ -281,3 +303,117 @@ def node_files_argv(python: str) -> list[str]:
 
 def remove_job(plan: DeepSpeedPlan) -> bytes:
     return json.dumps({"dir": plan.node_dir, "remove": True}).encode()
+
+
+KILL_BY_RUN_ID = """\
+import os, signal, sys, time
+tag = ("TRAINFLEET_RUN_ID=" + sys.argv[1]).encode() + b"\\0"
+def job():
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open("/proc/%s/environ" % pid, "rb") as f:
+                if tag in f.read() and int(pid) != os.getpid():
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
+for sig, wait in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 1.0)):
+    for pid in job():
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+    deadline = time.time() + wait
+    while job() and time.time() < deadline:
+        time.sleep(0.1)
+"""
+"""Ends every process on a node whose environment carries the run's id (python 3.8 syntax)."""
+
+
+_PDSH_PREFIX = re.compile(r"^([^\s:]+): (.*)$", re.DOTALL)
+_PDSH_EXIT = re.compile(r"^pdsh@\S+: ([^\s:]+): ssh exited with exit code (\d+)")
+
+
+def pdsh_line(text: str) -> ChannelLine:
+    """`gpu-node-2: text` is gpu-node-2's; `pdsh@launch: gpu-node-2: ssh exited with exit code
+    1` reports gpu-node-2's end.
+
+    >>> pdsh_line("pdsh@launch: gpu-node-2: ssh exited with exit code 1").node_exit
+    ('gpu-node-2', 1)
+    """
+    exited = _PDSH_EXIT.match(text)
+    prefixed = _PDSH_PREFIX.match(text)
+    return ChannelLine(
+        node=prefixed.group(1) if prefixed else None,
+        text=prefixed.group(2) if prefixed else text,
+        node_exit=(exited.group(1), int(exited.group(2))) if exited else None,
+    )
+
+
+class DeepSpeedBackend:
+    name = Backend.DEEPSPEED
+
+    def plan(
+        self,
+        cluster: Cluster,
+        facts: Mapping[str, NodeFacts],
+        options: LaunchOptions,
+        *,
+        master_addr: str,
+        launch_env: Mapping[str, str],
+        launch_cwd: str,
+        run_dir: Path,
+    ) -> DeepSpeedPlan:
+        if shutil.which("pdsh") is None:
+            raise TrainfleetError(
+                "DeepSpeed's runner needs pdsh on this machine", "apt-get install pdsh"
+            )
+        return plan_deepspeed(
+            cluster,
+            facts,
+            options,
+            master_addr=master_addr,
+            launch_env=launch_env,
+            launch_cwd=launch_cwd,
+            run_dir=run_dir,
+            python=sys.executable,
+        )
+
+    def render(self, plan: DeepSpeedPlan) -> str:
+        return render_deepspeed(plan)
+
+    def node_envs(self, plan: DeepSpeedPlan) -> dict[str, Mapping[str, str]]:
+        return {entry.host: entry.env for entry in plan.node_table}
+
+    def start(self, plan: DeepSpeedPlan, cluster: Cluster, run_dir: Path) -> list[Channel]:
+        """The runner's hostfile and env file here; the shim and the node table on every
+        node; then the runner."""
+        (run_dir / "hostfile").write_text(plan.hostfile)
+        write_private(run_dir / "deepspeed_env", plan.ds_env)
+        python = {n.host: node_files_argv(n.python) for n in cluster.nodes}
+        shim_source = Path(shim.__file__).read_text()
+        pushed = run_on_nodes(
+            cluster.nodes, python, stdin=node_files_job(plan, shim_source), timeout=60
+        )
+        failed = [r for r in pushed if not r.ok]
+        if failed:
+            raise TrainfleetError(
+                f"could not write the run's files on {failed[0].node}: {failed[0].reason()}",
+                f"check that {plan.node_dir} can be created there",
+            )
+        env = {k: v for k, v in os.environ.items() if k not in plan.unset} | plan.env
+        return [Channel(name=self.name, argv=plan.argv, demux=pdsh_line, cwd=plan.cwd, env=env)]
+
+    def stop(self, plan: DeepSpeedPlan, cluster: Cluster) -> None:
+        """DeepSpeed's runner stops its ranks by name (pkill -f); trainfleet then ends whatever
+        still carries this run's id in its environment, and removes the run's files."""
+        stop = {
+            n.host: [n.python, "-c", KILL_BY_RUN_ID, plan.options.run_id] for n in cluster.nodes
+        }
+        run_on_nodes(cluster.nodes, stop, timeout=30)
+        python = {n.host: node_files_argv(n.python) for n in cluster.nodes}
+        run_on_nodes(cluster.nodes, python, stdin=remove_job(plan), timeout=30)
+
+
+BACKEND = DeepSpeedBackend()

@@ -25,11 +25,9 @@ from trainfleet.launch.progress import Progress
 from trainfleet.launch.rootcause import ErrorTracker
 
 if TYPE_CHECKING:
-    from trainfleet.launch.supervisor import AnyPlan, Channel
+    from trainfleet.launch.backend import Channel, Plan
 
 _TORCHRUN_PREFIX = re.compile(r"^\[default(\d+)\]:(.*)$", re.DOTALL)
-_PDSH_PREFIX = re.compile(r"^([^\s:]+): (.*)$", re.DOTALL)
-_PDSH_EXIT = re.compile(r"^pdsh@\S+: ([^\s:]+): ssh exited with exit code (\d+)")
 _TORCH_RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")
 """torch prefixes the lines of a rank's uncaught exception with `[rankN]: `."""
 
@@ -65,7 +63,7 @@ class Joins:
 class MergedOutput:
     """Prefixes, prints and logs every line; feeds the error tracker and the join watchdog."""
 
-    def __init__(self, plan: AnyPlan, run_dir: Path, out: IO[str], started: float) -> None:
+    def __init__(self, plan: Plan, run_dir: Path, out: IO[str], started: float) -> None:
         self.plan = plan
         self.out = out
         self.started = started
@@ -76,7 +74,7 @@ class MergedOutput:
         self.joins = Joins(plan.world_size)
         self.ranges = plan.rank_ranges()
         self.node_exits: list[tuple[str, int]] = []
-        """(node, exit code) as pdsh reports each node's end (deepspeed backend)."""
+        """(node, exit code) where a channel reports a node's end (pdsh, deepspeed backend)."""
         self.mark = f"{shim.MARK}:{plan.options.run_id}:"
         self.width = max(len(h) for h in self.ranges) + len(str(plan.world_size)) + 3
         self.progress = Progress(
@@ -95,13 +93,11 @@ class MergedOutput:
     def line(self, channel: Channel, stream: str, text: str) -> None:
         now = time.monotonic()
         node, rank = channel.name, None
-        if channel.pdsh:  # `gpu-node-2: text`; `pdsh@launch: gpu-node-2: ssh exited with ...`
-            exited = _PDSH_EXIT.match(text)
-            if exited and exited.group(1) in self.ranges:
-                self.node_exits.append((exited.group(1), int(exited.group(2))))
-            prefixed = _PDSH_PREFIX.match(text)
-            if prefixed and prefixed.group(1) in self.ranges:
-                node, text = prefixed.group(1), prefixed.group(2)
+        said = channel.split(text)
+        if said.node_exit and said.node_exit[0] in self.ranges:
+            self.node_exits.append(said.node_exit)
+        if said.node in self.ranges:
+            node, text = said.node, said.text
         match = _TORCHRUN_PREFIX.match(text)
         if match and node in self.ranges:
             rank = self.ranges[node].start + int(match.group(1))

@@ -32,8 +32,9 @@ from trainfleet.cluster import Cluster
 from trainfleet.doctor import DoctorReport
 from trainfleet.errors import TrainfleetError
 from trainfleet.launch import launch, new_run_id, prepare
+from trainfleet.launch.backend import Plan
 from trainfleet.launch.plan import LaunchOptions
-from trainfleet.launch.supervisor import AnyPlan, LaunchResult, RunState, channel_end
+from trainfleet.launch.supervisor import LaunchResult, RunState, channel_end
 
 RESTARTABLE = (RunState.FAILED, RunState.HUNG, RunState.STALLED)
 _DISK_FULL = re.compile(r"No space left on device|the next checkpoint needs about")
@@ -91,9 +92,9 @@ def launch_with_restarts(
     log: Path,
     then: str,
     preflight: bool = True,
-    on_first_plan: Callable[[AnyPlan, DoctorReport], None] | None = None,
+    on_first_plan: Callable[[Plan, DoctorReport], None] | None = None,
     out: TextIO | None = None,
-) -> tuple[LaunchResult, AnyPlan]:
+) -> tuple[LaunchResult, Plan]:
     """Prepare and launch; after a restartable end, up to `max_restarts` times again with a new
     run id (`run_dir_of` names each attempt's run directory). The first attempt's preflight
     errors are raised as they are (PreflightFailed: nothing started); a later one's give up

@@ -1,8 +1,9 @@
 """Runs a launch's channels (one ssh to each node's bootstrap, or DeepSpeed's runner): output
 merged with `[node:rank]` prefixes and written per rank (`launch/output.py`), fail-fast, the
-join and hang watchdogs, and the same stop on every path.
+join and hang watchdogs, and the same stop on every path. Which backend made the channels is
+not its business (`launch/backend.py`).
 
-    >>> channels = bootstrap_channels(plan, cluster)  # doctest: +SKIP
+    >>> channels = backend.start(plan, cluster, run_dir)  # doctest: +SKIP
     >>> result = supervise(plan, channels, run_dir=Path("runs/x"))  # doctest: +SKIP
     >>> result.exit_code  # doctest: +SKIP
 
@@ -30,15 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from trainfleet.cluster import Cluster
-from trainfleet.launch import bootstrap, shim, stacks
-from trainfleet.launch.deepspeed import DeepSpeedPlan
+from trainfleet.launch import stacks
+from trainfleet.launch.backend import Channel, Plan
 from trainfleet.launch.output import MergedOutput, pump
-from trainfleet.launch.plan import LaunchPlan
 from trainfleet.launch.rootcause import RankError
-from trainfleet.remote import node_argv
-
-AnyPlan = LaunchPlan | DeepSpeedPlan
 
 CUT_OFF_AFTER_S = 5
 """After a node's grace period: how long before its ssh is killed."""
@@ -58,45 +54,6 @@ def channel_end(code: int) -> str:
     if code < 0:
         return f"its connection ended: its ssh was killed by signal {-code}"
     return f"exit code {code}"
-
-
-@dataclass(kw_only=True, slots=True, frozen=True)
-class Channel:
-    """One local process of a run: an ssh to a node's bootstrap, or DeepSpeed's runner."""
-
-    name: str
-    """The node (ssh backend), or "deepspeed"."""
-    argv: list[str]
-    payload: bytes | None = None
-    """First bytes on stdin, which then stays open as the node's lifeline; None: no stdin,
-    and the process is stopped with SIGINT (DeepSpeed's runner then stops its nodes)."""
-    pdsh: bool = False
-    """Output lines carry pdsh's `node: ` prefix."""
-    cwd: str | None = None
-    env: dict[str, str] | None = None
-    """The whole environment of the local process (None: this one's). Bootstraps get the
-    job's environment on stdin."""
-
-
-def bootstrap_channels(plan: LaunchPlan, cluster: Cluster) -> list[Channel]:
-    """The ssh backend: one bootstrap per node; the job (environment and secrets included)
-    travels on stdin, never in an argv that `ps` shows, never in a file."""
-    shim_source = Path(shim.__file__).read_text()
-    channels = []
-    for node_plan in plan.nodes:
-        node = cluster.node(node_plan.host)
-        job = {
-            "run_id": plan.options.run_id,
-            "cwd": node_plan.cwd,
-            "env": node_plan.env,
-            "argv": node_plan.argv,
-            "shim": shim_source,
-            "grace": plan.options.grace,
-            "lifeline": LIFELINE_S,
-        }
-        argv = node_argv(node, [node.python, "-u", "-c", bootstrap.LOADER], multiplex=False)
-        channels.append(Channel(name=node.host, argv=argv, payload=bootstrap.payload(job)))
-    return channels
 
 
 class RunState(enum.Enum):
@@ -148,7 +105,7 @@ class LaunchResult:
 
 
 class _Run:
-    def __init__(self, plan: AnyPlan, run_dir: Path, out: IO[str]) -> None:
+    def __init__(self, plan: Plan, run_dir: Path, out: IO[str]) -> None:
         self.plan = plan
         self.run_dir = run_dir
         self.started = time.monotonic()
@@ -385,7 +342,7 @@ class _Run:
 
 
 async def _supervise(
-    plan: AnyPlan,
+    plan: Plan,
     channels: list[Channel],
     run_dir: Path,
     out: IO[str],
@@ -422,7 +379,7 @@ async def _supervise(
 
 
 def supervise(
-    plan: AnyPlan,
+    plan: Plan,
     channels: list[Channel],
     *,
     run_dir: Path,
