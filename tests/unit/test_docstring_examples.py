@@ -12,6 +12,7 @@ pytestmark = pytest.mark.unit
 
 MODULES = [
     "trainfleet.units",
+    "trainfleet.catalog",
     "trainfleet.plan",
     "trainfleet.plan.activations",
     "trainfleet.plan.cpu_memory",
