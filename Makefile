@@ -44,7 +44,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH_PIN)"
 	$(BIN)/pip install -q -e ".[dev]"
-	# The launch tests run DeepSpeed's real runner (the version verified here, see DESIGN.md).
+	# The launch tests run DeepSpeed's real runner (the version verified here, see docs/launch.md).
 	$(BIN)/pip install -q "$(DEEPSPEED_PIN)"
 	# The planner's counts are checked against transformers' own models (meta device);
 	# HfDeepSpeedConfig (zero.Init while loading) needs accelerate.

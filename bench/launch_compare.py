@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from trainfleet import sandbox
+from trainfleet.catalog import FindingId
 from trainfleet.examples import ALLREDUCE
 
 SCRIPT = ALLREDUCE
@@ -114,11 +115,11 @@ def bench_firewall(cap: float) -> list[tuple[str, float, str]]:
             ("deepspeed runner", lambda: _deepspeed(box, cwd, cap=cap)),
         ):
             seconds, code, out = run()
-            named = "firewall-blocks-ports" in out
+            named = FindingId.FIREWALL_BLOCKS_PORTS in out
             if code is None:
                 verdict = f"no diagnosis within {cap:.0f} s (still running; stopped)"
             elif named:
-                verdict = f"exit {code}, names firewall-blocks-ports on gpu-node-1"
+                verdict = f"exit {code}, names {FindingId.FIREWALL_BLOCKS_PORTS} on gpu-node-1"
             else:
                 last = [line for line in out.splitlines() if line.strip()][-1:]
                 verdict = f"exit {code}, no cause named; last line: {last[0][:100] if last else ''}"

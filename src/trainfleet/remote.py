@@ -9,7 +9,7 @@ System `ssh`, not a Python SSH stack, so ~/.ssh/config aliases, agents, jump hos
 HostKeyAlgorithms behave exactly as `ssh host` does. Every node gets its own process at the same
 moment (asyncio, no per-node serial step); connections are reused through ControlMaster.
 A node that is this machine (`localhost`) runs the argv directly. Failures are classified into
-the `Failure` classes that doctor turns into PITFALLS.md findings.
+the `Failure` classes that doctor turns into findings (docs/findings.md).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainfleet.catalog import FindingId
 from trainfleet.cluster import DEFAULT_CONNECT_TIMEOUT, Node, SshOptions
 from trainfleet.errors import RemoteError
 
@@ -38,7 +39,7 @@ _DRAIN_AFTER_EXIT_S = 2.0
 
 
 class Failure(enum.Enum):
-    """Why a node's command did not succeed; `pitfall_id` is the PITFALLS.md id it maps to."""
+    """Why a node's command did not succeed; `pitfall_id` is the finding id it maps to."""
 
     NONE = "ok"
     REFUSED = "unreachable: connection refused"
@@ -54,7 +55,7 @@ class Failure(enum.Enum):
     COMMAND_FAILED = "command failed"
 
     @property
-    def pitfall_id(self) -> str | None:
+    def pitfall_id(self) -> FindingId | None:
         return _PITFALL_IDS.get(self)
 
     def fix(self, host: str) -> str:
@@ -68,15 +69,15 @@ class Failure(enum.Enum):
 
 
 _PITFALL_IDS = {
-    Failure.REFUSED: "ssh-unreachable",
-    Failure.CONNECT_TIMEOUT: "ssh-unreachable",
-    Failure.NO_ROUTE: "ssh-unreachable",
-    Failure.DNS: "hostname-unresolvable",
-    Failure.SSH_ERROR: "ssh-unreachable",
-    Failure.AUTH: "ssh-auth-failed",
-    Failure.HOSTKEY_UNKNOWN: "ssh-hostkey-unknown",
-    Failure.HOSTKEY_CHANGED: "ssh-hostkey-changed",
-    Failure.HOSTKEY_ALGO: "ssh-hostkey-algo",
+    Failure.REFUSED: FindingId.SSH_UNREACHABLE,
+    Failure.CONNECT_TIMEOUT: FindingId.SSH_UNREACHABLE,
+    Failure.NO_ROUTE: FindingId.SSH_UNREACHABLE,
+    Failure.DNS: FindingId.HOSTNAME_UNRESOLVABLE,
+    Failure.SSH_ERROR: FindingId.SSH_UNREACHABLE,
+    Failure.AUTH: FindingId.SSH_AUTH_FAILED,
+    Failure.HOSTKEY_UNKNOWN: FindingId.SSH_HOSTKEY_UNKNOWN,
+    Failure.HOSTKEY_CHANGED: FindingId.SSH_HOSTKEY_CHANGED,
+    Failure.HOSTKEY_ALGO: FindingId.SSH_HOSTKEY_ALGO,
 }
 
 _FIXES = {
@@ -160,7 +161,7 @@ class NodeResult:
             "node": self.node,
             "returncode": self.returncode,
             "failure": self.failure.name.lower(),
-            "pitfall_id": self.failure.pitfall_id,
+            "pitfall_id": self.failure.pitfall_id and self.failure.pitfall_id.value,
             "fix": self.failure.fix(self.node),
             "duration_s": round(self.duration_s, 3),
             "stdout": self.stdout,

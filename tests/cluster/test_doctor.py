@@ -1,6 +1,7 @@
-"""doctor against real sandboxes: every PITFALLS.md entry marked "sandbox" is injected and must
-be reported with its id, on the right node(s), with evidence and a fix; a clean sandbox has no
-error. (pdsh-missing is a check of this machine alone: tests/unit covers it.)"""
+"""doctor against real sandboxes: every docs/findings.md entry that names this file as its
+sandbox test is injected and must be reported with its id, on the right node(s), with evidence
+and a fix; a clean sandbox has no error. (pdsh-missing is a check of this machine alone:
+tests/unit covers it.)"""
 
 from __future__ import annotations
 

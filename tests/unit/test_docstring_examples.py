@@ -12,6 +12,7 @@ pytestmark = pytest.mark.unit
 
 MODULES = [
     "trainfleet.units",
+    "trainfleet.catalog",
     "trainfleet.cluster",
     "trainfleet.cluster.hostfile",
     "trainfleet.cluster.load",

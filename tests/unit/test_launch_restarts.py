@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from trainfleet.launch.restarts import PERMANENT, cause_of, record
+from trainfleet.catalog import FindingId
+from trainfleet.launch.restarts import PERMANENT, cause_of, end_cause, record
 from trainfleet.launch.rootcause import RankError
 from trainfleet.launch.supervisor import LaunchResult, RunState
 
@@ -49,6 +50,18 @@ def test_the_free_space_check_is_disk_low_and_a_not_shared_output_is_permanent()
         " OUTPUT (/out) is not shared storage: put --output on storage every node mounts"
     )
     assert cause_of(_result(root_cause=apart)).startswith(PERMANENT)
+
+
+def test_the_restart_is_decided_by_the_cause_s_id_not_its_words():
+    apart = _error("trainfleet train: OUTPUT (/out) is not shared storage: put --output on ...")
+    ended = end_cause(_result(root_cause=apart))
+    assert ended.id is FindingId.OUTPUT_NOT_SHARED and ended.id in PERMANENT
+    # A script that prints the id's words is a crashed rank like any other.
+    echo = end_cause(_result(root_cause=_error("RuntimeError: output-not-shared: no")))
+    assert echo.id is FindingId.RANK_CRASHED and echo.id not in PERMANENT
+    assert str(echo) == "rank-crashed: gpu-node-2 rank 1: RuntimeError: output-not-shared: no"
+    nothing = _result(RunState.FAILED, exit_code=7)
+    assert end_cause(nothing).id is None and cause_of(nothing) == "failed (exit code 7)"
 
 
 def test_a_stalled_rendezvous_names_the_ranks_not_joined():

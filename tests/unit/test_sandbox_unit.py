@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from trainfleet.catalog import CATALOG, FindingId
 from trainfleet.cluster import parse_cluster_yaml, parse_hostfile
 from trainfleet.errors import SandboxError
 from trainfleet.sandbox import FAULTS, build, faults, files, netns, state
@@ -16,15 +17,6 @@ from trainfleet.sandbox import FAULTS, build, faults, files, netns, state
 pytestmark = pytest.mark.unit
 
 HOSTS = ["gpu-node-1", "gpu-node-2", "gpu-node-3"]
-PITFALL_IDS = (
-    {
-        line.split("`")[1]
-        for line in (Path(__file__).parents[3] / "shared" / "PITFALLS.md").read_text().splitlines()
-        if line.startswith("| `")
-    }
-    if (Path(__file__).parents[3] / "shared" / "PITFALLS.md").exists()
-    else set()
-)
 
 
 def test_fault_defaults_and_explicit_nodes():
@@ -41,9 +33,9 @@ def test_bad_faults_are_clear_errors(text):
     assert err.value.fix
 
 
-@pytest.mark.skipif(not PITFALL_IDS, reason="../shared/PITFALLS.md not beside the checkout")
 def test_every_fault_maps_to_a_catalogued_pitfall():
-    assert {kind.pitfall_id for kind in FAULTS.values()} <= PITFALL_IDS
+    assert {kind.pitfall_id for kind in FAULTS.values()} <= set(CATALOG)
+    assert all(isinstance(kind.pitfall_id, FindingId) for kind in FAULTS.values())
 
 
 def test_firewall_rules_pass_ssh_and_master_port_only_for_the_ports_fault():

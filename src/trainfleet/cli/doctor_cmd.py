@@ -18,7 +18,7 @@ DESCRIPTION = """\
 Probe every node at once (a stdlib-only script over ssh: nodes need only python3) and
 test every pair of nodes: ssh both ways, TCP to the master port and to random ports
 (what a firewall that passes ssh and 29500 but drops NCCL's ports breaks), shared
-storage. Each problem is reported with its PITFALLS.md id, its node(s), the evidence and
+storage. Each problem is reported with its id (docs/findings.md), its node(s), the evidence and
 the fix. Exit 0: no errors; 1: errors found; 2: doctor itself could not run.
 
 --fix then shows the safe, reversible changes it can make (unknown host keys added after

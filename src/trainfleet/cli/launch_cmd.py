@@ -12,6 +12,7 @@ import os
 import sys
 from pathlib import Path
 
+from trainfleet.catalog import FindingId
 from trainfleet.cli.common import (
     CLUSTER_YAML_EXAMPLE,
     add_cluster_arguments,
@@ -191,7 +192,7 @@ def render_outcome(result, plan) -> str:
     if result.state is RunState.HUNG and result.hang:
         hang = result.hang
         lines.append(
-            f"rank-hung: no rank advanced past step {hang.get('step')} for"
+            f"{FindingId.RANK_HUNG}: no rank advanced past step {hang.get('step')} for"
             f" {hang.get('stuck_s', 0):.0f} s; behind:"
         )
         lines += [f"  {b['node']} rank {b['rank']}: {b['where']}" for b in hang.get("behind", [])]

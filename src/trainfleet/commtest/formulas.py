@@ -16,6 +16,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
+from trainfleet.catalog import FindingId
 from trainfleet.doctor.findings import Finding, Severity
 from trainfleet.errors import TrainfleetError
 
@@ -91,7 +92,7 @@ def slow_findings(rates: dict[tuple[str, str], float], what: str) -> list[Findin
             slow_nodes.append(node)
             findings.append(
                 Finding(
-                    id="slow-link",
+                    id=FindingId.SLOW_LINK,
                     severity=Severity.WARNING,
                     nodes=(node,),
                     evidence=[
@@ -117,7 +118,7 @@ def slow_findings(rates: dict[tuple[str, str], float], what: str) -> list[Findin
         a, b = sorted(pair)
         findings.append(
             Finding(
-                id="slow-link",
+                id=FindingId.SLOW_LINK,
                 severity=Severity.WARNING,
                 nodes=(a, b),
                 evidence=evidence,

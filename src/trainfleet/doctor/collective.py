@@ -13,6 +13,7 @@ from __future__ import annotations
 import random
 import time
 
+from trainfleet.catalog import FindingId
 from trainfleet.doctor.checks.network import chosen_interfaces
 from trainfleet.doctor.checks.software import node_versions
 from trainfleet.doctor.collect import EPHEMERAL_PORTS, Survey
@@ -42,12 +43,12 @@ print(json.dumps({"ok": ok, "sum": float(tensor[0]), "expected": expected,
 sys.exit(0 if ok else 3)
 """
 
-# (text in a rank's error, the pitfall it points to)
+# (text in a rank's error, the finding it points to)
 _SIGNATURES = (
-    ("Unable to find address for", "iface-mismatch"),
-    ("127.0.1.1", "hostname-loopback"),
-    ("Address already in use", "port-in-use"),
-    ("No route to host", "firewall-blocks-ports"),
+    ("Unable to find address for", FindingId.IFACE_MISMATCH),
+    ("127.0.1.1", FindingId.HOSTNAME_LOOPBACK),
+    ("Address already in use", FindingId.PORT_IN_USE),
+    ("No route to host", FindingId.FIREWALL_BLOCKS_PORTS),
 )
 
 
@@ -97,7 +98,7 @@ def run_collective(survey: Survey, rng: random.Random | None = None) -> tuple[li
         return [], seconds
     evidence = [f"{r.node}: {_last_error(r.stderr or r.stdout)}" for r in failed]
     text = " ".join(r.stderr for r in failed)
-    pitfall = next((p for needle, p in _SIGNATURES if needle in text), "rendezvous-timeout")
+    pitfall = next((p for needle, p in _SIGNATURES if needle in text), FindingId.RENDEZVOUS_TIMEOUT)
     return [
         Finding(
             id=pitfall,

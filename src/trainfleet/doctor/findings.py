@@ -5,7 +5,9 @@
     >>> f.to_json()["severity"]
     'warning'
 
-`id` is always a PITFALLS.md id; tests and `--json` consumers rely on it.
+`id` is always a catalogued id (`trainfleet.catalog.FindingId`, docs/findings.md): a Finding
+turns the text it is given into its member and refuses an id the catalog does not hold. Tests
+and `--json` consumers rely on the id's text.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+
+from trainfleet.catalog import FindingId
 
 
 class Severity(enum.IntEnum):
@@ -29,15 +33,19 @@ class Severity(enum.IntEnum):
 
 @dataclass(kw_only=True, slots=True)
 class Finding:
-    id: str
+    id: FindingId
+    """A str such as "port-in-use" is taken and becomes its member; an unknown id raises."""
     severity: Severity
     nodes: tuple[str, ...]
     evidence: list[str] = field(default_factory=list)
     fix: str = ""
 
+    def __post_init__(self) -> None:
+        self.id = FindingId(self.id)
+
     def to_json(self) -> dict:
         return {
-            "id": self.id,
+            "id": self.id.value,
             "severity": str(self.severity),
             "nodes": list(self.nodes),
             "evidence": self.evidence,
@@ -47,7 +55,7 @@ class Finding:
 
 def merge(findings: Iterable[Finding]) -> list[Finding]:
     """One finding per (id, severity, fix): their nodes and evidence joined, order kept."""
-    merged: dict[tuple[str, Severity, str], Finding] = {}
+    merged: dict[tuple[FindingId, Severity, str], Finding] = {}
     for finding in findings:
         key = (finding.id, finding.severity, finding.fix)
         if key not in merged:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainfleet import probe
+from trainfleet.catalog import FindingId
 from trainfleet.cluster import Cluster, backup_name, parse_cluster_yaml
 from trainfleet.doctor import DoctorReport
 from trainfleet.doctor.checks.software import stale_jit_locks
@@ -44,7 +45,7 @@ from trainfleet.untrusted import printable, valid_interface, valid_key, valid_kn
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 THIS_MACHINE = "this machine"
 KEYSCAN_TIMEOUT_S = 5
-INTERFACE_FINDINGS = ("iface-mismatch", "iface-wrong")
+INTERFACE_FINDINGS = (FindingId.IFACE_MISMATCH, FindingId.IFACE_WRONG)
 
 # OpenSSH's sshconnect.c, with StrictHostKeyChecking=yes (BatchMode) and no entry for the host:
 # "No ED25519 host key is known for [10.0.0.2]:2222 and you have requested strict checking."
@@ -374,10 +375,10 @@ def remove_jit_locks(fix: JitLockFix, cluster: Cluster) -> list[str]:
 
 # ----------------------------------------------------------------------------- plan, apply
 _NEVER = {
-    "firewall-blocks-ports": "doctor never changes a firewall; the rule to add is above",
-    "ssh-hostkey-changed": "a changed host key may be an attack; check it, then remove the old "
-    "entry yourself",
-    "port-in-use": "doctor never kills a process",
+    FindingId.FIREWALL_BLOCKS_PORTS: "doctor never changes a firewall; the rule to add is above",
+    FindingId.SSH_HOSTKEY_CHANGED: "a changed host key may be an attack; check it, then remove "
+    "the old entry yourself",
+    FindingId.PORT_IN_USE: "doctor never kills a process",
 }
 
 
@@ -387,11 +388,11 @@ def plan_fixes(report: DoctorReport, *, cluster_file: str | None = None) -> FixP
     plan_host_keys(report, plan)
     plan_interfaces(report, cluster_file, plan)
     plan_jit_locks(report, plan)
-    fixed = {"ssh-hostkey-unknown"} if plan.host_keys else set()
+    fixed = {FindingId.SSH_HOSTKEY_UNKNOWN} if plan.host_keys else set()
     if plan.interfaces:
         fixed.update(INTERFACE_FINDINGS)
     if plan.jit_locks:
-        fixed.add("jit-lock-stale")
+        fixed.add(FindingId.JIT_LOCK_STALE)
     for finding in report.findings:
         if finding.severity is not Severity.INFO and finding.id not in fixed:
             plan.not_done.append(_left(finding))

@@ -25,6 +25,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from trainfleet.catalog import FindingId
 from trainfleet.cluster import Cluster
 from trainfleet.doctor import DoctorReport, run_doctor
 from trainfleet.doctor.checks.network import listeners_besides_probe
@@ -59,7 +60,11 @@ def backend_for(plan_or_name: Plan | str) -> LaunchBackend:
     return BACKENDS[name]
 
 
-HANDLED_BY_LAUNCH = ("port-in-use", "hostname-loopback", "iface-mismatch")
+HANDLED_BY_LAUNCH = (
+    FindingId.PORT_IN_USE,
+    FindingId.HOSTNAME_LOOPBACK,
+    FindingId.IFACE_MISMATCH,
+)
 """Findings the launch resolves itself: a busy master port (it moves to a free one), a host
 name that resolves to loopback (MASTER_ADDR is an address and gloo/NCCL get an interface, so
 no rank binds or connects by that name), one interface variable for nodes whose interfaces
@@ -92,7 +97,7 @@ def node_facts(report: DoctorReport) -> dict[str, NodeFacts]:
             listening = {
                 e["port"] for e in listeners_besides_probe(sheet) if isinstance(e.get("port"), int)
             }
-            if any(f.id == "port-in-use" for f in report.findings):  # (doctor's own verdict)
+            if any(f.id is FindingId.PORT_IN_USE for f in report.findings):  # doctor's verdict
                 listening.add(survey.cluster.master_port)
         facts[host] = NodeFacts(
             interface=info.get("interface"), gpus=info.get("gpus") or 0, listening=tuple(listening)

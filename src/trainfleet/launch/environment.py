@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trainfleet.catalog import FindingId
 from trainfleet.errors import SpecError
 
 FORWARDED = ("PATH", "LD_LIBRARY_PATH", "CUDA_HOME")
@@ -157,7 +158,7 @@ def interface_notes(host: str, interface: str, given: Mapping[str, tuple[str, st
         )
         if not fits:
             notes.append(
-                f"iface-mismatch: {name}={value} ({source}) does not select {host}'s "
+                f"{FindingId.IFACE_MISMATCH}: {name}={value} ({source}) does not select {host}'s "
                 f"interface to the master, {interface}: {host} gets {name}={interface}"
             )
     return notes

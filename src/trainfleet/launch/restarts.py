@@ -14,7 +14,8 @@ restart is a new launch (`launch_with_restarts`): the quick preflight again, a n
 run directory, TRAINFLEET_RESTART=N on every rank; `trainfleet train` resumes from its latest
 complete checkpoint, a script given to `trainfleet launch` resumes from its own. Each restart
 is appended to a JSON-lines log (OUTPUT/restarts.jsonl for train, the first run directory's
-restarts.jsonl for launch) and carried into the next run's status.json.
+restarts.jsonl for launch) and carried into the next run's status.json. A cause starts with
+its finding id (docs/findings.md); whether to restart is decided by that id (`PERMANENT`).
 """
 
 from __future__ import annotations
@@ -25,9 +26,11 @@ import re
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from trainfleet.catalog import FindingId
 from trainfleet.cluster import Cluster
 from trainfleet.doctor import DoctorReport
 from trainfleet.errors import TrainfleetError
@@ -41,21 +44,33 @@ _DISK_FULL = re.compile(r"No space left on device|the next checkpoint needs abou
 """train's free-space check (`train/checkpoints.py`) and the kernel's ENOSPC text."""
 _NOT_SHARED = re.compile(r"is not shared storage")
 """train's check that every rank sees OUTPUT (`train/worker.py`): a restart meets it again."""
-PERMANENT = ("output-not-shared",)
+PERMANENT = (FindingId.OUTPUT_NOT_SHARED,)
 """Causes that a restart would meet again: no restart is made after them."""
 
 
-def cause_of(result: LaunchResult) -> str:
+@dataclass(frozen=True, slots=True)
+class Cause:
+    """Why a run ended: its finding id (None when nothing names one) and what happened."""
+
+    id: FindingId | None
+    detail: str
+
+    def __str__(self) -> str:
+        return self.detail if self.id is None else f"{self.id}: {self.detail}"
+
+
+def end_cause(result: LaunchResult) -> Cause:
     if result.state is RunState.HUNG and result.hang:
         hang = result.hang
         behind = "; ".join(f"{b['node']} rank {b['rank']}: {b['where']}" for b in hang["behind"])
-        return (
-            f"rank-hung: no rank advanced past step {hang.get('step')} for"
-            f" {hang.get('stuck_s', 0):.0f} s; {behind}"
+        return Cause(
+            FindingId.RANK_HUNG,
+            f"no rank advanced past step {hang.get('step')} for"
+            f" {hang.get('stuck_s', 0):.0f} s; {behind}",
         )
     if result.state is RunState.STALLED:
         missing = ", ".join(f"{node} (ranks {ranks})" for node, ranks in result.not_joined.items())
-        return f"rendezvous-timeout: not joined: {missing}"
+        return Cause(FindingId.RENDEZVOUS_TIMEOUT, f"not joined: {missing}")
     root = result.root_cause
     first = result.first_failure
     if first and (root is None or (root.consequence and root.node != first)):
@@ -63,16 +78,21 @@ def cause_of(result: LaunchResult) -> str:
         # what the others printed is the stop reaching them.
         code = result.node_codes.get(first)
         why = channel_end(code) if code is not None else "no exit code"
-        return f"rank-crashed: {first} failed first ({why})"
+        return Cause(FindingId.RANK_CRASHED, f"{first} failed first ({why})")
     if root is not None:
         where = f"{root.node} rank {root.rank}" if root.rank is not None else root.node
-        finding = "rank-crashed"
+        finding = FindingId.RANK_CRASHED
         if _DISK_FULL.search(root.text):
-            finding = "disk-low"
+            finding = FindingId.DISK_LOW
         elif _NOT_SHARED.search(root.text):
-            finding = "output-not-shared"
-        return f"{finding}: {where}: {root.text}"
-    return f"{result.state.value} (exit code {result.exit_code})"
+            finding = FindingId.OUTPUT_NOT_SHARED
+        return Cause(finding, f"{where}: {root.text}")
+    return Cause(None, f"{result.state.value} (exit code {result.exit_code})")
+
+
+def cause_of(result: LaunchResult) -> str:
+    """`end_cause` in the one line the restart log and the messages keep."""
+    return str(end_cause(result))
 
 
 def record(log: Path, *, attempt: int, run_id: str, cause: str) -> dict:
@@ -122,8 +142,9 @@ def launch_with_restarts(
         result = launch(plan, cluster, run_dir=run_dir, out=out, restarts=restarts)
         if result.state not in RESTARTABLE or len(restarts) >= max_restarts:
             return result, plan
-        cause = cause_of(result)
-        if cause.startswith(PERMANENT):
+        ended = end_cause(result)
+        cause = str(ended)
+        if ended.id in PERMANENT:
             print(f"trainfleet: no restart: a restart would meet {cause}", file=out, flush=True)
             return result, plan
         attempts = len(restarts) + 1

@@ -19,6 +19,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from trainfleet.catalog import FindingId
+
 # The last line of a traceback: `ValueError: msg`, `torch.distributed.DistNetworkError: msg`,
 # `KeyboardInterrupt`.
 _EXCEPTION = re.compile(
@@ -52,7 +54,8 @@ KNOWN_ERRORS: list[tuple[re.Pattern, str]] = [
     (
         re.compile(r"Ninja is required to load C\+\+ extensions"),
         "ninja is not on the PATH the ranks get on that node: `pip install ninja` into the"
-        " node's Python, or record its PATH with `trainfleet setup env` (doctor: ninja-missing)",
+        " node's Python, or record its PATH with `trainfleet setup env`"
+        f" (doctor: {FindingId.NINJA_MISSING})",
     ),
     (
         re.compile(r"errno: 98 - Address already in use|EADDRINUSE"),
@@ -68,11 +71,12 @@ KNOWN_ERRORS: list[tuple[re.Pattern, str]] = [
     (
         re.compile(r"invalid device ordinal"),
         "a rank asked for a GPU that node does not have: compare its slots with `nvidia-smi -L`"
-        " there (`trainfleet doctor` counts them: gpu-count-mismatch)",
+        f" there (`trainfleet doctor` counts them: {FindingId.GPU_COUNT_MISMATCH})",
     ),
     (
         re.compile(r"all CUDA-capable devices are busy or unavailable"),
-        "another process holds that node's GPUs: `trainfleet doctor` names it (gpu-busy)",
+        f"another process holds that node's GPUs: `trainfleet doctor` names it"
+        f" ({FindingId.GPU_BUSY})",
     ),
     (
         re.compile(r"No space left on device|Disk quota exceeded"),
@@ -84,7 +88,7 @@ KNOWN_ERRORS: list[tuple[re.Pattern, str]] = [
         " `python:` at the environment that has it (`trainfleet doctor` compares versions)",
     ),
 ]
-"""Error texts whose cause and fix are known (PITFALLS ids in the fixes where doctor checks
+"""Error texts whose cause and fix are known (finding ids in the fixes where doctor checks
 them): shown beside the root cause."""
 
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from trainfleet.catalog import FindingId
 from trainfleet.launch import stacks
 from trainfleet.launch.backend import Channel, Plan
 from trainfleet.launch.output import MergedOutput, pump
@@ -298,7 +299,7 @@ class _Run:
                 " confirm it (connection lost): a node's bootstrap stops its ranks itself once"
                 f" it has heard nothing from here for {LIFELINE_S:.0f} s; to check once it"
                 " answers: trainfleet exec [cluster options] -- ps -eo pid,args"
-                " (orphan-processes)"
+                f" ({FindingId.ORPHAN_PROCESSES})"
             )
         elif running and self.state is not RunState.DONE:
             self.output.note(f"every rank on every node stopped, {took:.1f} s after the stop began")

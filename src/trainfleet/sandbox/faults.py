@@ -1,4 +1,4 @@
-"""Faults the sandbox can inject, each reproducing a pitfall from PITFALLS.md on one node.
+"""Faults the sandbox can inject, each reproducing a catalogued finding on one node.
 
     >>> parse_fault("firewall-blocks-ports@1", ["gpu-node-1", "gpu-node-2"])
     Fault(name='firewall-blocks-ports', node=1)
@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from trainfleet.catalog import FindingId
 from trainfleet.errors import SandboxError
 
 
 @dataclass(frozen=True, slots=True)
 class FaultKind:
-    pitfall_id: str
-    """The PITFALLS.md id doctor must report for it."""
+    pitfall_id: FindingId
+    """The finding id doctor must report for it (docs/findings.md)."""
     default_node: str
     """'first' (the master) or 'last'."""
     what: str
@@ -25,48 +26,56 @@ class FaultKind:
 
 FAULTS: dict[str, FaultKind] = {
     "firewall-blocks-ports": FaultKind(
-        "firewall-blocks-ports",
+        FindingId.FIREWALL_BLOCKS_PORTS,
         "first",
         "iptables passes ssh and the master port, drops every other new TCP connection",
     ),
     "firewall-ssh-only": FaultKind(
-        "firewall-blocks-ports", "last", "iptables drops every new TCP connection except ssh"
+        FindingId.FIREWALL_BLOCKS_PORTS,
+        "last",
+        "iptables drops every new TCP connection except ssh",
     ),
     "hostname-loopback": FaultKind(
-        "hostname-loopback", "last", "the node's own name resolves to 127.0.1.1 (Debian style)"
+        FindingId.HOSTNAME_LOOPBACK,
+        "last",
+        "the node's own name resolves to 127.0.1.1 (Debian style)",
     ),
     "port-in-use": FaultKind(
-        "port-in-use", "first", "a leftover process listens on the master port"
+        FindingId.PORT_IN_USE, "first", "a leftover process listens on the master port"
     ),
     "ssh-auth-failed": FaultKind(
-        "ssh-auth-failed", "last", "sshd trusts no key (no passwordless login to the node)"
+        FindingId.SSH_AUTH_FAILED, "last", "sshd trusts no key (no passwordless login to the node)"
     ),
     "ssh-hostkey-changed": FaultKind(
-        "ssh-hostkey-changed", "last", "known_hosts holds another key than the node's"
+        FindingId.SSH_HOSTKEY_CHANGED, "last", "known_hosts holds another key than the node's"
     ),
     "ssh-hostkey-unknown": FaultKind(
-        "ssh-hostkey-unknown", "last", "known_hosts has no entry for the node"
+        FindingId.SSH_HOSTKEY_UNKNOWN, "last", "known_hosts has no entry for the node"
     ),
-    "slow-link": FaultKind("slow-link", "last", "the node's link is shaped to 50 Mbit/s (tc tbf)"),
-    "mtu-mismatch": FaultKind("mtu-mismatch", "last", "the node's interface has MTU 1280"),
+    "slow-link": FaultKind(
+        FindingId.SLOW_LINK, "last", "the node's link is shaped to 50 Mbit/s (tc tbf)"
+    ),
+    "mtu-mismatch": FaultKind(FindingId.MTU_MISMATCH, "last", "the node's interface has MTU 1280"),
     "node-down": FaultKind(
-        "ssh-unreachable", "last", "the node's link is down and it runs no sshd"
+        FindingId.SSH_UNREACHABLE, "last", "the node's link is down and it runs no sshd"
     ),
     "decoy-iface": FaultKind(
-        "iface-wrong",
+        FindingId.IFACE_WRONG,
         "last",
         "`virbr0` and `docker0` with unrelated addresses, ahead of the data interface",
     ),
     "hostname-unresolvable": FaultKind(
-        "hostname-unresolvable", "last", "the node's own name is missing from its /etc/hosts"
+        FindingId.HOSTNAME_UNRESOLVABLE,
+        "last",
+        "the node's own name is missing from its /etc/hosts",
     ),
     "client-name-unresolvable": FaultKind(
-        "hostname-unresolvable",
+        FindingId.HOSTNAME_UNRESOLVABLE,
         "first",
         "the master's /etc/hosts names no IPv4-mapped address (c10d's `err=-3` on every rank)",
     ),
     "remote-env-differs": FaultKind(
-        "remote-env-differs",
+        FindingId.REMOTE_ENV_DIFFERS,
         "last",
         "non-interactive ssh gets PATH=/usr/bin:/bin:/usr/sbin:/sbin and no ~/.bashrc",
     ),

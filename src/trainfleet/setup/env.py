@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 
+from trainfleet.catalog import FindingId
 from trainfleet.cluster import Cluster, parse_cluster_yaml
 from trainfleet.doctor import netsel
 from trainfleet.errors import SetupError
@@ -177,7 +178,9 @@ def setup_env(
     result.checks = [verify.ENV.label]
     result.findings = verify.findings(verify.survey(checked, verify.ENV), verify.ENV)
     with_path = {n.host for n in checked.nodes if "PATH" in n.env}
-    if any(f.id == "remote-env-differs" and with_path & set(f.nodes) for f in result.findings):
+    if any(
+        f.id is FindingId.REMOTE_ENV_DIFFERS and with_path & set(f.nodes) for f in result.findings
+    ):
         result.note(
             "doctor checks the raw non-interactive PATH; `trainfleet launch` sets the "
             "PATH recorded in cluster.yaml on each node"

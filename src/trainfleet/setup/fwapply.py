@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from trainfleet.catalog import FindingId
 from trainfleet.cluster import Cluster, Node
 from trainfleet.doctor import netsel
 from trainfleet.doctor.checks.network import chosen_interfaces
@@ -173,7 +174,7 @@ def setup_firewall(
     else:
         survey = verify.survey(cluster, verify.FIREWALL)
         found = verify.findings(survey, verify.FIREWALL)
-        blocked = [h for f in found if f.id == "firewall-blocks-ports" for h in f.nodes]
+        blocked = [h for f in found if f.id is FindingId.FIREWALL_BLOCKS_PORTS for h in f.nodes]
         zones = _firewalld_zones(cluster, survey, blocked)
         rules, notes = plan_rules(survey, blocked, zones)
         result.notes += notes

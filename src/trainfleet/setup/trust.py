@@ -26,6 +26,7 @@ import socket
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
+from trainfleet.catalog import FindingId
 from trainfleet.cluster import Cluster
 from trainfleet.doctor.collect import Survey
 from trainfleet.doctor.findings import Severity
@@ -66,7 +67,7 @@ def _log_in(
     """Each node's own hostname once this machine can log in (None: dry run, cannot yet)."""
     results = run_on_nodes(cluster.nodes, ["hostname"], timeout=JOB_TIMEOUT_S)
     need = [r.node for r in results if r.failure is Failure.AUTH]
-    hostkey = [r for r in results if r.failure.pitfall_id in ("ssh-hostkey-unknown",)]
+    hostkey = [r for r in results if r.failure.pitfall_id is FindingId.SSH_HOSTKEY_UNKNOWN]
     other = [r for r in results if not r.ok and r.node not in need and r not in hostkey]
     if other or (hostkey and not result.dry_run):
         bad = other or hostkey

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from trainfleet.catalog import FindingId
 from trainfleet.cluster import Cluster
 from trainfleet.doctor.checks import network, resources, software, ssh
 from trainfleet.doctor.collect import Survey, collect
@@ -37,7 +38,9 @@ SSH = CheckSet(
     (ssh.check_launch_ssh, ssh.check_node_to_node_ssh),
     quick=False,
 )
-HOSTFILE = CheckSet("gpu-count-mismatch", (ssh.check_launch_ssh, resources.check_gpus), quick=True)
+HOSTFILE = CheckSet(
+    FindingId.GPU_COUNT_MISMATCH.value, (ssh.check_launch_ssh, resources.check_gpus), quick=True
+)
 ENV = CheckSet(
     "interfaces, paths, non-interactive environment",
     (
@@ -50,12 +53,12 @@ ENV = CheckSet(
     quick=True,
 )
 FIREWALL = CheckSet(
-    "firewall-blocks-ports (TCP between every pair of nodes)",
+    f"{FindingId.FIREWALL_BLOCKS_PORTS} (TCP between every pair of nodes)",
     (ssh.check_launch_ssh, network.check_firewall),
     quick=True,
 )
 SYNC = CheckSet(
-    "code-differs, shared-dir-missing",
+    f"{FindingId.CODE_DIFFERS}, {FindingId.SHARED_DIR_MISSING}",
     (
         ssh.check_launch_ssh,
         software.check_paths,

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from trainfleet.catalog import FindingId
 from trainfleet.errors import TrainfleetError
 from trainfleet.plan.memory import CONTEXT_BYTES, TrainSetup, cpu_memory_per_node, gpu_memory
 from trainfleet.plan.model import ModelShape
@@ -78,7 +79,7 @@ def check_fit(
                 f"{host}: {gib(need)} of host RAM needed for {local} rank(s) ({parts}loading"
                 f" {gib(host_ram.loading_bytes)}, offloaded states"
                 f" {gib(host_ram.offload_bytes)}), {gib(available)} available"
-                " (ram-insufficient)"
+                f" ({FindingId.RAM_INSUFFICIENT})"
             )
     return fit
 

@@ -1,4 +1,4 @@
-"""Every check: a pure function of the survey that returns findings (PITFALLS.md ids).
+"""Every check: a pure function of the survey that returns findings (ids: docs/findings.md).
 
 >>> from trainfleet.doctor.checks import run_checks
 >>> run_checks(survey, started=0.0, finished=1.0)  # doctest: +SKIP

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from trainfleet.catalog import FindingId
 from trainfleet.doctor import netsel
 from trainfleet.doctor.collect import Survey
 from trainfleet.doctor.findings import Finding, Severity
@@ -86,7 +87,7 @@ def check_firewall(survey: Survey) -> list[Finding]:
         rules = _firewall_rules(facts)
         findings.append(
             Finding(
-                id="firewall-blocks-ports",
+                id=FindingId.FIREWALL_BLOCKS_PORTS,
                 severity=Severity.ERROR,
                 nodes=(dst,),
                 evidence=[f"connections to {what} are dropped:", *lines[:6]]
@@ -120,7 +121,7 @@ def check_port_in_use(survey: Survey) -> list[Finding]:
     who = f"pid {owner['pid']}: {command}" if owner else "a process this user cannot see"
     return [
         Finding(
-            id="port-in-use",
+            id=FindingId.PORT_IN_USE,
             severity=Severity.ERROR,
             nodes=(master,),
             evidence=[f"port {port} on {master} is held by {who}"],
@@ -150,7 +151,7 @@ def check_hostnames(survey: Survey) -> list[Finding]:
         if "error" in resolved:
             findings.append(
                 Finding(
-                    id="hostname-unresolvable",
+                    id=FindingId.HOSTNAME_UNRESOLVABLE,
                     severity=Severity.ERROR,
                     nodes=(host,),
                     evidence=[
@@ -162,7 +163,7 @@ def check_hostnames(survey: Survey) -> list[Finding]:
         elif _multi_node(survey) and all(a.startswith(LOOPBACK_PREFIXES) for a in addresses):
             findings.append(
                 Finding(
-                    id="hostname-loopback",
+                    id=FindingId.HOSTNAME_LOOPBACK,
                     severity=Severity.ERROR,
                     nodes=(host,),
                     evidence=[
@@ -178,7 +179,7 @@ def check_hostnames(survey: Survey) -> list[Finding]:
         if master_name != name and "error" in master:
             findings.append(
                 Finding(
-                    id="hostname-unresolvable",
+                    id=FindingId.HOSTNAME_UNRESOLVABLE,
                     severity=Severity.WARNING,
                     nodes=(host,),
                     evidence=[f"on {host}, the master's name `{master_name}` does not resolve"],
@@ -214,7 +215,7 @@ def check_client_names(survey: Survey) -> list[Finding]:
     lines = "; ".join(f"`::ffff:{a} {node_of.get(a, a)}-ipv4-mapped`" for a in sorted(failed))
     return [
         Finding(
-            id="hostname-unresolvable",
+            id=FindingId.HOSTNAME_UNRESOLVABLE,
             severity=Severity.WARNING,
             nodes=(master,),
             evidence=evidence,
@@ -256,7 +257,7 @@ def check_interfaces(survey: Survey) -> list[Finding]:
         if nccl and not netsel.nccl_matches(nccl[0], ifaces):
             findings.append(
                 Finding(
-                    id="iface-mismatch",
+                    id=FindingId.IFACE_MISMATCH,
                     severity=Severity.ERROR,
                     nodes=(host,),
                     evidence=[
@@ -276,7 +277,7 @@ def check_interfaces(survey: Survey) -> list[Finding]:
             if missing:
                 findings.append(
                     Finding(
-                        id="iface-mismatch",
+                        id=FindingId.IFACE_MISMATCH,
                         severity=Severity.ERROR,
                         nodes=(host,),
                         evidence=[
@@ -294,7 +295,7 @@ def check_interfaces(survey: Survey) -> list[Finding]:
             if chosen.get(host) and default and default != chosen[host]:
                 findings.append(
                     Finding(
-                        id="iface-wrong",
+                        id=FindingId.IFACE_WRONG,
                         severity=Severity.WARNING,
                         nodes=(host,),
                         evidence=[
@@ -309,7 +310,7 @@ def check_interfaces(survey: Survey) -> list[Finding]:
         if pinned and exists and chosen.get(host) and pinned != chosen[host]:
             findings.append(
                 Finding(
-                    id="iface-wrong",
+                    id=FindingId.IFACE_WRONG,
                     severity=Severity.WARNING,
                     nodes=(host,),
                     evidence=[
@@ -323,7 +324,7 @@ def check_interfaces(survey: Survey) -> list[Finding]:
         if chosen.get(host) and netsel.is_virtual(chosen[host]):
             findings.append(
                 Finding(
-                    id="iface-wrong",
+                    id=FindingId.IFACE_WRONG,
                     severity=Severity.WARNING,
                     nodes=(host,),
                     evidence=[
@@ -335,7 +336,7 @@ def check_interfaces(survey: Survey) -> list[Finding]:
     if len(set(gloo_counts.values())) > 1:
         findings.append(
             Finding(
-                id="iface-mismatch",
+                id=FindingId.IFACE_MISMATCH,
                 severity=Severity.ERROR,
                 nodes=tuple(gloo_counts),
                 evidence=[
@@ -361,7 +362,7 @@ def check_mtu(survey: Survey) -> list[Finding]:
     odd = [h for h, m in mtus.items() if m != common]
     return [
         Finding(
-            id="mtu-mismatch",
+            id=FindingId.MTU_MISMATCH,
             severity=Severity.ERROR,
             nodes=tuple(odd),
             evidence=[f"{h}: {chosen[h]} mtu {mtus[h]}" for h in odd]
@@ -380,7 +381,7 @@ def check_ipv6(survey: Survey) -> list[Finding]:
         if addresses and all(":" in a for a in addresses):
             findings.append(
                 Finding(
-                    id="ipv6-mismatch",
+                    id=FindingId.IPV6_MISMATCH,
                     severity=Severity.WARNING,
                     nodes=(host,),
                     evidence=[
@@ -427,7 +428,7 @@ def check_slow_link(survey: Survey) -> list[Finding]:
     named = [n for n, count in ends.items() if count >= 2] or sorted(ends)
     return [
         Finding(
-            id="slow-link",
+            id=FindingId.SLOW_LINK,
             severity=Severity.WARNING,
             nodes=tuple(named),
             evidence=[f"{src} -> {dst}: {rate:.1f} MB/s" for (src, dst), rate in slow.items()]

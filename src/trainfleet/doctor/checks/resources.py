@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+from trainfleet.catalog import FindingId
 from trainfleet.doctor.collect import Survey
 from trainfleet.doctor.findings import Finding, Severity
 
@@ -22,7 +23,7 @@ def check_gpus(survey: Survey) -> list[Finding]:
         if devices and len(devices) < slots:
             findings.append(
                 Finding(
-                    id="gpu-count-mismatch",
+                    id=FindingId.GPU_COUNT_MISMATCH,
                     severity=Severity.ERROR,
                     nodes=(host,),
                     evidence=[f"{host} has {len(devices)} GPU(s) but slots={slots}"],
@@ -33,7 +34,7 @@ def check_gpus(survey: Survey) -> list[Finding]:
         if busy:
             findings.append(
                 Finding(
-                    id="gpu-busy",
+                    id=FindingId.GPU_BUSY,
                     severity=Severity.WARNING,
                     nodes=(host,),
                     evidence=[
@@ -53,7 +54,7 @@ def check_shm(survey: Survey) -> list[Finding]:
     }
     return [
         Finding(
-            id="shm-small",
+            id=FindingId.SHM_SMALL,
             severity=Severity.WARNING,
             nodes=(host,),
             evidence=[
@@ -72,7 +73,7 @@ def check_disk(survey: Survey) -> list[Finding]:
         if "free" in disk and disk["free"] < MIN_DISK:
             findings.append(
                 Finding(
-                    id="disk-low",
+                    id=FindingId.DISK_LOW,
                     severity=Severity.WARNING,
                     nodes=(host,),
                     evidence=[
@@ -91,7 +92,7 @@ def check_memlock(survey: Survey) -> list[Finding]:
         if facts.get("infiniband") and memlock is not None:
             findings.append(
                 Finding(
-                    id="ib-memlock",
+                    id=FindingId.IB_MEMLOCK,
                     severity=Severity.ERROR,
                     nodes=(host,),
                     evidence=[f"{host} has InfiniBand devices and `ulimit -l` = {memlock} bytes"],
@@ -112,7 +113,7 @@ def check_clocks(survey: Survey, started: float, finished: float) -> list[Findin
         if skew > MAX_CLOCK_SKEW_S:
             findings.append(
                 Finding(
-                    id="clock-skew",
+                    id=FindingId.CLOCK_SKEW,
                     severity=Severity.WARNING,
                     nodes=(host,),
                     evidence=[f"{host}'s clock is {skew:.1f} s off this machine's"],
@@ -133,7 +134,7 @@ def check_shared_storage(survey: Survey) -> list[Finding]:
         return []
     return [
         Finding(
-            id="shared-dir-missing",
+            id=FindingId.SHARED_DIR_MISSING,
             severity=Severity.INFO,
             nodes=tuple(survey.facts),
             evidence=apart[:8],

@@ -10,6 +10,7 @@ import shlex
 import shutil
 from collections import Counter
 
+from trainfleet.catalog import FindingId
 from trainfleet.doctor.collect import Survey
 from trainfleet.doctor.findings import Finding, Severity
 from trainfleet.nodeset import fold_names
@@ -41,7 +42,7 @@ def check_paths(survey: Survey) -> list[Finding]:
             node = survey.cluster.node(host)
             findings.append(
                 Finding(
-                    id="remote-path-missing",
+                    id=FindingId.REMOTE_PATH_MISSING,
                     severity=Severity.ERROR,
                     nodes=(host,),
                     evidence=[f"python {node.python} cannot be run on {host}: {result.reason()}"],
@@ -54,7 +55,7 @@ def check_paths(survey: Survey) -> list[Finding]:
         if not workdir.get("exists", True):
             findings.append(
                 Finding(
-                    id="remote-path-missing",
+                    id=FindingId.REMOTE_PATH_MISSING,
                     severity=Severity.ERROR,
                     nodes=(host,),
                     evidence=[f"working directory {workdir.get('path')} does not exist on {host}"],
@@ -94,7 +95,7 @@ def check_versions(survey: Survey) -> list[Finding]:
             by_version.setdefault(version, []).append(host)
         findings.append(
             Finding(
-                id="version-mismatch",
+                id=FindingId.VERSION_MISMATCH,
                 severity=Severity.ERROR if key in _MUST_MATCH else Severity.WARNING,
                 nodes=odd,
                 evidence=[f"{key} {v} on {fold_names(hosts)}" for v, hosts in by_version.items()],
@@ -114,7 +115,7 @@ def check_torch(survey: Survey) -> list[Finding]:
         if error:
             findings.append(
                 Finding(
-                    id="torch-missing",
+                    id=FindingId.TORCH_MISSING,
                     severity=Severity.ERROR,
                     nodes=(host,),
                     evidence=[f"`import torch` with {python} on {host} fails: {error}"],
@@ -124,7 +125,7 @@ def check_torch(survey: Survey) -> list[Finding]:
         elif not has_torch[host] and any(has_torch.values()):
             findings.append(
                 Finding(
-                    id="torch-missing",
+                    id=FindingId.TORCH_MISSING,
                     severity=Severity.ERROR,
                     nodes=(host,),
                     evidence=[
@@ -137,7 +138,7 @@ def check_torch(survey: Survey) -> list[Finding]:
     if survey.facts and not any(has_torch.values()):
         findings.append(
             Finding(
-                id="torch-missing",
+                id=FindingId.TORCH_MISSING,
                 severity=Severity.WARNING,
                 nodes=tuple(survey.facts),
                 evidence=["torch is not installed for the configured python on any node"],
@@ -157,7 +158,7 @@ def check_tools(survey: Survey) -> list[Finding]:
         if versions["deepspeed"] and not tools.get("ninja"):
             findings.append(
                 Finding(
-                    id="ninja-missing",
+                    id=FindingId.NINJA_MISSING,
                     severity=Severity.WARNING,
                     nodes=(host,),
                     evidence=[
@@ -176,7 +177,7 @@ def check_tools(survey: Survey) -> list[Finding]:
             where = fold_names(present) if present else "this machine"
             findings.append(
                 Finding(
-                    id="remote-env-differs",
+                    id=FindingId.REMOTE_ENV_DIFFERS,
                     severity=Severity.WARNING,
                     nodes=tuple(lacking),
                     evidence=[
@@ -202,7 +203,7 @@ def check_code(survey: Survey) -> list[Finding]:
     workdir = next(iter(survey.facts.values()))["workdir"]["path"]
     return [
         Finding(
-            id="code-differs",
+            id=FindingId.CODE_DIFFERS,
             severity=Severity.ERROR,
             nodes=odd,
             evidence=[
@@ -221,7 +222,7 @@ def check_gpu_software(survey: Survey) -> list[Finding]:
         if gpus.get("devices") and not facts.get("cuda_home") and not facts["tools"].get("nvcc"):
             findings.append(
                 Finding(
-                    id="cuda-home-missing",
+                    id=FindingId.CUDA_HOME_MISSING,
                     severity=Severity.WARNING,
                     nodes=(host,),
                     evidence=[
@@ -272,7 +273,7 @@ def check_jit_locks(survey: Survey) -> list[Finding]:
     it forever, right after the rendezvous (where DeepSpeed builds or loads its ops)."""
     return [
         Finding(
-            id="jit-lock-stale",
+            id=FindingId.JIT_LOCK_STALE,
             severity=Severity.ERROR,
             nodes=(host,),
             evidence=[
@@ -292,7 +293,7 @@ def check_launcher(survey: Survey) -> list[Finding]:
         return []
     return [
         Finding(
-            id="pdsh-missing",
+            id=FindingId.PDSH_MISSING,
             severity=Severity.INFO,
             nodes=(),
             evidence=[
@@ -315,7 +316,7 @@ def _path_differences(survey: Survey) -> list[Finding]:
         if missing:
             findings.append(
                 Finding(
-                    id="remote-env-differs",
+                    id=FindingId.REMOTE_ENV_DIFFERS,
                     severity=Severity.WARNING,
                     nodes=(host,),
                     evidence=[

@@ -1,11 +1,12 @@
 """ssh from this machine to every node, and from every node to every node (itself included).
 
 >>> check_launch_ssh(survey)  # doctest: +SKIP
-[Finding(id='ssh-auth-failed', severity=<Severity.ERROR: 2>, nodes=('gpu-node-3',), ...)]
+[Finding(id=<FindingId.SSH_AUTH_FAILED: 'ssh-auth-failed'>, severity=<Severity.ERROR: 2>, ...)]
 """
 
 from __future__ import annotations
 
+from trainfleet.catalog import FindingId
 from trainfleet.doctor.collect import Survey
 from trainfleet.doctor.findings import Finding, Severity
 from trainfleet.remote import Failure, classify
@@ -18,7 +19,7 @@ def check_launch_ssh(survey: Survey) -> list[Finding]:
         if result.failure.is_connection_failure:
             findings.append(
                 Finding(
-                    id=result.failure.pitfall_id or "ssh-unreachable",
+                    id=result.failure.pitfall_id or FindingId.SSH_UNREACHABLE,
                     severity=Severity.ERROR,
                     nodes=(host,),
                     evidence=[f"ssh from this machine: {result.reason()}"],
@@ -28,7 +29,7 @@ def check_launch_ssh(survey: Survey) -> list[Finding]:
         elif result.failure is Failure.TIMED_OUT:
             findings.append(
                 Finding(
-                    id="ssh-unreachable",
+                    id=FindingId.SSH_UNREACHABLE,
                     severity=Severity.ERROR,
                     nodes=(host,),
                     evidence=[f"the probe did not finish in {result.duration_s:.0f} s"],
@@ -50,7 +51,7 @@ def check_node_to_node_ssh(survey: Survey) -> list[Finding]:
                 continue
             detail = outcome["stderr"].splitlines()[-1] if outcome["stderr"] else failure.value
             # Killed by the probe's timeout: the connect hung (a firewall dropping port 22).
-            pitfall = failure.pitfall_id or "ssh-unreachable"
+            pitfall = failure.pitfall_id or FindingId.SSH_UNREACHABLE
             fix = failure.fix(dst) if failure.pitfall_id else f"check that port 22 of {dst} is open"
             findings.append(
                 Finding(
