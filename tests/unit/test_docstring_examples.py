@@ -13,6 +13,7 @@ pytestmark = pytest.mark.unit
 MODULES = [
     "trainfleet.units",
     "trainfleet.catalog",
+    "trainfleet.catalog.ids",
     "trainfleet.cluster",
     "trainfleet.cluster.hostfile",
     "trainfleet.cluster.load",

@@ -1,0 +1,91 @@
+"""Every finding id trainfleet reports, with what it means: the one registry of ids.
+
+    >>> FindingId.SSH_UNREACHABLE == "ssh-unreachable"
+    True
+    >>> f"{FindingId.PORT_IN_USE}: 29500 is taken"
+    'port-in-use: 29500 is taken'
+    >>> CATALOG[FindingId.SLOW_LINK].area
+    <Area.NETWORK: 'network'>
+    >>> CATALOG[FindingId.SLOW_LINK].sandbox.faults
+    ('slow-link',)
+
+An id is a `str` (doctor's `--json`, restart causes and tests see the same text), and each is
+a member of `FindingId`, so that code names ids by attribute and a misspelt one fails at
+import. `Finding` (doctor/findings.py) turns the id it is given into a member and refuses
+one that is not catalogued. `CATALOG` holds each id's entry: its area, what a user sees
+without trainfleet, how trainfleet finds it, the fix, and how the sandbox reproduces it.
+Entries marked `planned` are known failures that trainfleet does not report yet.
+
+docs/findings.md is generated from here: `python -m trainfleet.catalog --markdown >
+docs/findings.md` (a unit test keeps the two equal).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from trainfleet.catalog import connectivity, node
+from trainfleet.catalog.ids import Area, Entry, FindingId, Sandbox
+
+__all__ = ["CATALOG", "Area", "Entry", "FindingId", "Sandbox", "main", "markdown"]
+
+CATALOG: dict[FindingId, Entry] = {**connectivity.ENTRIES, **node.ENTRIES}
+"""Every id's entry, in the order of docs/findings.md."""
+
+
+# ----------------------------------------------------------------------------- docs/findings.md
+
+_HOW = "python -m trainfleet.catalog --markdown > docs/findings.md"
+_COLUMNS = ("id", "what you see", "how trainfleet finds it", "fix", "sandbox test")
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|") or "-"
+
+
+def _sandbox_cell(entry: Entry) -> str:
+    box = entry.sandbox
+    if box is None:
+        return "no"
+    how = [f"`--fault {name}`" for name in box.faults] + ([box.setup] if box.setup else [])
+    return "; ".join(how) + " (" + ", ".join(box.tests) + ")"
+
+
+def markdown() -> str:
+    """docs/findings.md: one section per area, one table row per id."""
+    lines = [
+        f"<!-- Generated from src/trainfleet/catalog/ by `{_HOW}`: edit that, not this. -->",
+        "# Findings",
+        "",
+        "Every id trainfleet reports (`doctor`, `--json`, launch diagnoses, restart causes),",
+        "grouped by where the failure lives. *Planned*: a known failure trainfleet does not",
+        "report yet; its row says what it should do. The sandbox column names the",
+        "`trainfleet sandbox up --fault` or the set-up that reproduces it and the tests under",
+        "tests/cluster/ that assert the id; `no`: no sandbox test (no GPU, InfiniBand or clock",
+        "there, or none written yet).",
+    ]
+    for area in Area:
+        lines += ["", f"## {area.value}", ""]
+        lines += ["| " + " | ".join(_COLUMNS) + " |", "|" + "---|" * len(_COLUMNS)]
+        for finding, entry in CATALOG.items():
+            if entry.area is not area:
+                continue
+            name = f"`{finding}`" + (" (planned)" if entry.planned else "") + f": {entry.title}"
+            row = (name, entry.seen, entry.detect, entry.fix, _sandbox_cell(entry))
+            lines.append("| " + " | ".join(_cell(c) for c in row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m trainfleet.catalog", description="the finding ids trainfleet reports"
+    )
+    parser.add_argument("--markdown", action="store_true", help="docs/findings.md's text")
+    args = parser.parse_args(argv)
+    if args.markdown:
+        sys.stdout.write(markdown())
+    else:
+        for finding, entry in CATALOG.items():
+            print(f"{finding:24} {entry.area.value:9} {entry.title}")
+    return 0

@@ -1,0 +1,7 @@
+"""`python -m trainfleet.catalog [--markdown]`."""
+
+import sys
+
+from trainfleet.catalog import main
+
+sys.exit(main())

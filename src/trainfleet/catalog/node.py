@@ -1,0 +1,224 @@
+"""Catalog entries: software on the nodes, their resources, and what happens at run time."""
+
+from __future__ import annotations
+
+from trainfleet.catalog.ids import Area, Entry, FindingId, Sandbox
+
+_SSH, _NET, _SW, _RES, _RUN = Area.SSH, Area.NETWORK, Area.SOFTWARE, Area.RESOURCES, Area.RUNTIME
+_DOCTOR = ("test_doctor.py",)
+
+ENTRIES: dict[FindingId, Entry] = {
+    # ------------------------------------------------------------------ software
+    FindingId.VERSION_MISMATCH: Entry(
+        area=_SW,
+        title="python, torch, NCCL or DeepSpeed versions differ across nodes",
+        seen="deadlocks or cryptic errors in the first collective",
+        detect="versions from each node's configured python (an import, else package "
+        "metadata); transformers and accelerate only warn",
+        fix="the same environment on every node",
+    ),
+    FindingId.TORCH_MISSING: Entry(
+        area=_SW,
+        title="torch cannot be imported on a node",
+        seen="`ImportError` on one node only",
+        detect="`import torch` in a subprocess with a timeout, with each node's python",
+        fix="install torch there, or point the node's `python:` at the environment that has it",
+        sandbox=Sandbox(
+            setup="a node's `python:` set to an interpreter without torch", tests=_DOCTOR
+        ),
+    ),
+    FindingId.CUDA_HOME_MISSING: Entry(
+        area=_SW,
+        title="a GPU node has neither CUDA_HOME nor nvcc for DeepSpeed's op builds",
+        seen="`CUDA_HOME does not exist` when DeepSpeed builds an op",
+        detect="CUDA_HOME and nvcc on the non-interactive path of nodes with GPUs",
+        fix="CUDA_HOME for that node in cluster.yaml `env:`",
+    ),
+    FindingId.NINJA_MISSING: Entry(
+        area=_SW,
+        title="ninja is not on the PATH the ranks get",
+        seen="`RuntimeError: Ninja is required to load C++ extensions`",
+        detect="ninja on the non-interactive PATH of nodes with DeepSpeed; the same text in a "
+        "rank's error",
+        fix="`pip install ninja` into that node's python, or its PATH per node",
+    ),
+    FindingId.CODE_DIFFERS: Entry(
+        area=_SW,
+        title="the code in the working directory differs between nodes",
+        seen="a hang, or `Detected mismatch between collectives`",
+        detect="a hash of the working directory on each node",
+        fix="the same code everywhere (`trainfleet sync`), or shared storage",
+        sandbox=Sandbox(
+            setup="node-local working directories (`--node-local-dir`), one node's copy edited",
+            tests=(*_DOCTOR, "test_setup.py"),
+        ),
+    ),
+    FindingId.SHARED_DIR_MISSING: Entry(
+        area=_SW,
+        title="the nodes do not share the working directory",
+        seen="checkpoints or data missing on the other nodes",
+        detect="a token file each node writes in the working directory, looked for by the "
+        "others (INFO)",
+        fix="shared storage, or copies of code and data on every node",
+        sandbox=Sandbox(
+            setup="node-local working directories (`--node-local-dir`)",
+            tests=(*_DOCTOR, "test_setup.py"),
+        ),
+    ),
+    FindingId.JIT_LOCK_STALE: Entry(
+        area=_SW,
+        title="a torch JIT build lock left by a killed build",
+        seen="every rank that loads the op waits in silence, forever, right after the rendezvous",
+        detect="lock files under the node's torch extensions directory older than a minute "
+        "that no process holds or builds under; the shim names a lock a rank waits for",
+        fix="`trainfleet doctor --fix` removes it after checking again, or `rm` the lock named",
+        sandbox=Sandbox(
+            setup="a lock in a node's TORCH_EXTENSIONS_DIR, held by a process then killed",
+            tests=_DOCTOR,
+        ),
+    ),
+    FindingId.ENV_NOT_FORWARDED: Entry(
+        area=_SW,
+        title="a variable set in the launching shell does not reach the other nodes",
+        seen="NCCL_DEBUG or NCCL_IB_HCA work on the launch node only; a global interface "
+        "variable reaches nodes where it is wrong",
+        detect="show per rank where each variable came from (`--dry-run`); forward DeepSpeed's "
+        "prefixes; keep interface variables per node",
+        fix="cluster.yaml `env:` (per node where values differ)",
+        planned=True,
+    ),
+    # ------------------------------------------------------------------ resources
+    FindingId.GPU_COUNT_MISMATCH: Entry(
+        area=_RES,
+        title="a node has fewer GPUs than its slots",
+        seen="`invalid device ordinal`, `No slot 2 specified on host`",
+        detect="the GPUs found on each node against its slots; the same text in a rank's error",
+        fix="the node's real GPU count as its slots",
+    ),
+    FindingId.GPU_BUSY: Entry(
+        area=_RES,
+        title="other processes hold a node's GPUs",
+        seen="out of memory at start",
+        detect="`nvidia-smi --query-compute-apps` on each node; the busy-device text in a "
+        "rank's error",
+        fix="stop the processes named (pid and command)",
+    ),
+    FindingId.GPU_UNHEALTHY: Entry(
+        area=_RES,
+        title="a GPU with ECC errors, pending row remaps, XIDs or throttled clocks",
+        seen="one node slows or crashes the job",
+        detect="`nvidia-smi -q` ECC, remapped rows and clock event reasons; XIDs in the kernel log",
+        fix="drain the node and have the GPU checked",
+        planned=True,
+    ),
+    FindingId.SHM_SMALL: Entry(
+        area=_RES,
+        title="/dev/shm is under 1 GiB",
+        seen="`unhandled system error`, NCCL shared-memory failures in containers",
+        detect="the size of /dev/shm on each node",
+        fix="`--shm-size` for the container, or remount /dev/shm larger",
+    ),
+    FindingId.SHM_BUS_ERROR: Entry(
+        area=_RES,
+        title="/dev/shm too small for the data loader workers",
+        seen="`Bus error` (exit -7) in data loader workers or NCCL, in containers",
+        detect="/dev/shm size and free space per node against workers x batch size",
+        fix="a larger /dev/shm, or fewer workers",
+        planned=True,
+    ),
+    FindingId.RAM_INSUFFICIENT: Entry(
+        area=_RES,
+        title="the ranks of a node need more host RAM than it has",
+        seen="a host OOM kill (exit -9) that grows with the GPUs per node",
+        detect="`trainfleet train`'s preflight: the planner's host RAM per node (loading, "
+        "offloaded states) against MemAvailable",
+        fix="zero.Init / low-memory loading, fewer ranks per node, or the planner's config "
+        "that fits",
+    ),
+    FindingId.DISK_LOW: Entry(
+        area=_RES,
+        title="little free space where the job writes",
+        seen="`No space left on device` at the first checkpoint",
+        detect="free space at the working directory on each node; train's check before each "
+        "checkpoint; ENOSPC in a rank's error (a restart cause)",
+        fix="another output directory, or fewer kept checkpoints",
+        sandbox=Sandbox(
+            setup="OUTPUT on a tmpfs shrunk below the next checkpoint", tests=("test_chaos.py",)
+        ),
+    ),
+    FindingId.CLOCK_SKEW: Entry(
+        area=_RES,
+        title="a node's clock is off",
+        seen="logs from different nodes cannot be put in order",
+        detect="each node's clock against this machine's while the probe runs",
+        fix="NTP (chrony, systemd-timesyncd) on every node",
+    ),
+    # ------------------------------------------------------------------ runtime
+    FindingId.RENDEZVOUS_TIMEOUT: Entry(
+        area=_RUN,
+        title="ranks did not all join the rendezvous",
+        seen="stuck at init for 10-30 minutes without a word",
+        detect="the join watchdog (--join-timeout) names the ranks that did not join and runs "
+        "doctor on them; doctor's real gloo all_reduce when no cause is known",
+        fix="the findings doctor then names (firewall, interfaces, names)",
+    ),
+    FindingId.STARTUP_TIMEOUT: Entry(
+        area=_RUN,
+        title="work before the first step outlasts the process group's timeout",
+        seen="users raise the timeout to years (`ddp_timeout: 180000000`), which switches "
+        "hang detection off",
+        detect="judge startup by its own bound and progress, training by the hang timeout",
+        fix="a bound for startup of its own, not a longer process-group timeout",
+        planned=True,
+    ),
+    FindingId.RANK_CRASHED: Entry(
+        area=_RUN,
+        title="a rank died",
+        seen="the other nodes hang until the NCCL timeout (10 min)",
+        detect="fail-fast: every rank on every node is stopped within seconds; the first real "
+        "error across nodes is reported, with a known fix where there is one",
+        fix="the root cause printed (its node, rank and error line)",
+        sandbox=Sandbox(
+            setup="a rank that exits; a node's processes or its connection killed",
+            tests=("test_chaos.py", "test_launch.py"),
+        ),
+    ),
+    FindingId.RANK_HUNG: Entry(
+        area=_RUN,
+        title="no rank advances a step",
+        seen="everything blocks until the process-group timeout (30 min for gloo)",
+        detect="heartbeats: no step past --hang-timeout; every rank's stack (py-spy) and the "
+        "rank behind",
+        fix="the rank and the place it waits, as printed",
+        sandbox=Sandbox(
+            setup="a rank stopped with SIGSTOP; a node's link set down",
+            tests=("test_chaos.py", "test_launch.py"),
+        ),
+    ),
+    FindingId.ORPHAN_PROCESSES: Entry(
+        area=_RUN,
+        title="a node could not confirm that the job's processes ended",
+        seen="leftover ranks hold GPUs and port 29500",
+        detect="each node's bootstrap kills its whole process group when the launcher goes "
+        "away; a node that could not confirm it is named",
+        fix="check that node once it answers: `trainfleet exec ... -- ps -eo pid,args`",
+    ),
+    FindingId.NESTED_LAUNCHER: Entry(
+        area=_RUN,
+        title="the command starts a launcher of its own inside each rank",
+        seen="`torchrun`, `deepspeed`, `accelerate launch` or FORCE_TORCHRUN=1 starts a second "
+        "layer of ranks per rank",
+        detect="the launcher word in the command is refused before anything starts, with the "
+        "command to use instead (the refusal does not carry the id yet)",
+        fix="the script and its arguments after `--`",
+        planned=True,
+    ),
+    FindingId.OUTPUT_NOT_SHARED: Entry(
+        area=_RUN,
+        title="`trainfleet train`'s OUTPUT is not on storage every node mounts",
+        seen="each node writes its own partial checkpoints",
+        detect="every rank looks for a file written on the launch node under OUTPUT; a "
+        "restart would meet it again, so none is made",
+        fix="put --output on storage every node mounts",
+    ),
+}
