@@ -1,0 +1,189 @@
+"""Running one argv on many nodes at once: one local process per node (ssh, or the argv
+itself for this machine), output read as it comes, a timeout per node, results in node order.
+
+    >>> worst_returncode([])
+    0
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+from trainfleet.cluster import Node
+from trainfleet.errors import RemoteError
+from trainfleet.remote.failures import Failure, NodeResult, classify
+from trainfleet.remote.ssh import node_argv
+
+_DRAIN_AFTER_EXIT_S = 2.0
+"""After ssh exits, how long to wait for its pipes to close (a background child may hold them)."""
+
+
+LineCallback = Callable[[str, str, str], None]
+"""on_line(node, stream, line): stream is 'stdout' or 'stderr'; line has no trailing newline."""
+
+
+_READ_CHUNK = 1 << 16
+
+
+async def _pump(
+    stream: asyncio.StreamReader,
+    sink: bytearray,
+    node: str,
+    name: str,
+    on_line: LineCallback | None,
+) -> None:
+    """Read a stream to EOF in chunks (no line-length limit); hand complete lines to on_line."""
+    pending = b""
+    while chunk := await stream.read(_READ_CHUNK):
+        sink += chunk
+        if on_line is not None:
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for raw in lines:
+                on_line(node, name, raw.decode("utf-8", errors="replace"))
+    if on_line is not None and pending:
+        on_line(node, name, pending.decode("utf-8", errors="replace"))
+
+
+def _kill_group(proc: asyncio.subprocess.Process) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+async def _run_one(
+    node: Node,
+    argv: Sequence[str],
+    stdin: bytes | None,
+    timeout: float | None,
+    on_line: LineCallback | None,
+) -> NodeResult:
+    cmd = node_argv(node, argv)
+    start = time.monotonic()
+    out = bytearray()
+    err = bytearray()
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *cmd,
+            stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,  # own process group: a timeout kills ssh and its children
+        )
+    except (FileNotFoundError, PermissionError) as exc:
+        return NodeResult(
+            node=node.host,
+            returncode=127,
+            stdout="",
+            stderr=f"{exc}\n",
+            duration_s=time.monotonic() - start,
+            failure=Failure.COMMAND_FAILED,
+        )
+    pumps = [
+        asyncio.ensure_future(_pump(proc.stdout, out, node.host, "stdout", on_line)),
+        asyncio.ensure_future(_pump(proc.stderr, err, node.host, "stderr", on_line)),
+    ]
+    if stdin is not None:
+        try:
+            proc.stdin.write(stdin)
+            await proc.stdin.drain()
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the command exited (or ssh failed) before reading it all; its status says why
+        proc.stdin.close()
+    timed_out = False
+    try:
+        await asyncio.wait_for(proc.wait(), timeout)
+    except asyncio.TimeoutError:
+        timed_out = True
+        _kill_group(proc)
+        await proc.wait()
+    # A persisted ssh master or a backgrounded remote child can hold the pipes open after the
+    # command is done; bound the wait for EOF instead of hanging on it.
+    _, pending = await asyncio.wait(pumps, timeout=_DRAIN_AFTER_EXIT_S)
+    for task in pending:
+        task.cancel()
+    stderr = err.decode("utf-8", errors="replace")
+    return NodeResult(
+        node=node.host,
+        returncode=None if timed_out else proc.returncode,
+        stdout=out.decode("utf-8", errors="replace"),
+        stderr=stderr,
+        duration_s=time.monotonic() - start,
+        failure=classify(proc.returncode, stderr, timed_out, via_ssh=not node.is_local),
+    )
+
+
+PerNode = Mapping[str, Sequence[str]]
+"""argv per node host, for commands that differ by node (its python, its parameters)."""
+
+
+async def run_on_nodes_async(
+    nodes: Sequence[Node],
+    argv: Sequence[str] | PerNode,
+    *,
+    stdin: bytes | Mapping[str, bytes] | None = None,
+    timeout: float | None = None,
+    on_line: LineCallback | None = None,
+) -> list[NodeResult]:
+    """Run `argv` on every node at once; results in the order of `nodes`.
+
+    `argv` and `stdin` may be mappings from node host to that node's own value.
+    """
+    if any(not node.is_local for node in nodes) and shutil.which("ssh") is None:
+        raise RemoteError("no `ssh` client on this machine", "install openssh-client")
+    per_argv = argv if isinstance(argv, Mapping) else {n.host: argv for n in nodes}
+    per_stdin = stdin if isinstance(stdin, Mapping) else {n.host: stdin for n in nodes}
+    return list(
+        await asyncio.gather(
+            *(
+                _run_one(node, per_argv[node.host], per_stdin[node.host], timeout, on_line)
+                for node in nodes
+            )
+        )
+    )
+
+
+def run_on_nodes(
+    nodes: Sequence[Node],
+    argv: Sequence[str] | PerNode,
+    *,
+    stdin: bytes | Mapping[str, bytes] | None = None,
+    timeout: float | None = None,
+    on_line: LineCallback | None = None,
+) -> list[NodeResult]:
+    """Synchronous `run_on_nodes_async`: run `argv` on every node at once.
+
+    `stdin` is sent to each node (how the probe travels); `timeout` bounds each node's run,
+    connect included; `on_line` sees output lines as they arrive.
+    """
+    return asyncio.run(
+        run_on_nodes_async(nodes, argv, stdin=stdin, timeout=timeout, on_line=on_line)
+    )
+
+
+def command_argv(words: Sequence[str]) -> list[str]:
+    """What `trainfleet exec -- WORDS` runs on each node.
+
+    One word is a shell command line, as with `ssh host 'cmd | grep x'`, pdsh and clush: it runs
+    under `sh -c`. Several words are an exact argv: each is passed as is, never re-split.
+    """
+    if not words:
+        raise RemoteError("no command given", "put the command after `--`: exec -- hostname")
+    if len(words) == 1 and any(ch in words[0] for ch in " \t\n|&;<>()$`\\\"'*?[]~{}"):
+        return ["sh", "-c", words[0]]
+    return list(words)
+
+
+def worst_returncode(results: Sequence[NodeResult]) -> int:
+    """The exit code of a fan-out: the worst node's (0 only when every node succeeded).
+
+    A node killed for the timeout counts as 124, like timeout(1).
+    """
+    codes = [124 if r.returncode is None else r.returncode for r in results]
+    return max(codes, default=0, key=lambda code: (code != 0, code))
