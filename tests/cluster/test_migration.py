@@ -210,7 +210,7 @@ def test_a_nested_launcher_is_refused_before_anything_starts_with_the_command_to
 ):
     code, out = trainfleet(box, "--run-dir", str(tmp_path / "run"), "--", *command, cwd=tmp_path)
     assert code == 1, out
-    assert instead in out, out
+    assert instead in out and "(nested-launcher)" in out, out
     assert not (tmp_path / "run").exists()  # nothing was started
 
 

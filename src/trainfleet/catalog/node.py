@@ -208,10 +208,10 @@ ENTRIES: dict[FindingId, Entry] = {
         title="the command starts a launcher of its own inside each rank",
         seen="`torchrun`, `deepspeed`, `accelerate launch` or FORCE_TORCHRUN=1 starts a second "
         "layer of ranks per rank",
-        detect="the launcher word in the command is refused before anything starts, with the "
-        "command to use instead (the refusal does not carry the id yet)",
-        fix="the script and its arguments after `--`",
-        planned=True,
+        detect="the launcher word in the command (torchrun, deepspeed, accelerate launch, "
+        "llamafactory-cli train, axolotl train, trl sft) is refused before anything starts",
+        fix="the script and its arguments after `--`: the refusal names the command to use",
+        sandbox=Sandbox(setup="a launcher word in the command", tests=("test_migration.py",)),
     ),
     FindingId.OUTPUT_NOT_SHARED: Entry(
         area=_RUN,

@@ -21,6 +21,7 @@ import os
 import shlex
 from collections.abc import Mapping
 
+from trainfleet.catalog import FindingId
 from trainfleet.errors import TrainfleetError
 
 PYTHONS = ("python", "python3")
@@ -41,7 +42,8 @@ class NestedLauncher(TrainfleetError):
         suggestion = "trainfleet launch [cluster options] -- " + shlex.join(instead)
         super().__init__(
             f"{launcher} starts its own ranks{why}, and trainfleet already starts one rank "
-            "per slot on every node: each rank would start a whole job",
+            "per slot on every node: each rank would start a whole job "
+            f"({FindingId.NESTED_LAUNCHER})",
             f"run `{suggestion}` ({FLAG_MAP})",
         )
         self.instead = instead
