@@ -42,9 +42,9 @@ from trainfleet.launch.deepspeed import (
 )
 from trainfleet.launch.plan import (
     Backend,
+    LaunchFacts,
     LaunchOptions,
     LaunchPlan,
-    NodeFacts,
     masked,
     masked_argv,
     plan_launch,
@@ -82,7 +82,7 @@ def new_run_id() -> str:
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
 
-def node_facts(report: DoctorReport) -> dict[str, NodeFacts]:
+def launch_facts(report: DoctorReport) -> dict[str, LaunchFacts]:
     survey = report.survey
     facts = {}
     for host, info in report.nodes.items():
@@ -96,7 +96,7 @@ def node_facts(report: DoctorReport) -> dict[str, NodeFacts]:
             }
             if any(f.id == "port-in-use" for f in report.findings):  # (doctor's own verdict)
                 listening.add(survey.cluster.master_port)
-        facts[host] = NodeFacts(
+        facts[host] = LaunchFacts(
             interface=info.get("interface"), gpus=info.get("gpus") or 0, listening=tuple(listening)
         )
     return facts
@@ -108,12 +108,12 @@ def blocking(report: DoctorReport) -> list:
     ]
 
 
-def check_slots(cluster: Cluster, facts: Mapping[str, NodeFacts]) -> None:
+def check_slots(cluster: Cluster, facts: Mapping[str, LaunchFacts]) -> None:
     """A slot beyond a node's GPUs (a hostfile's `slots=8` on a 4-GPU node, `-i node:5`) is an
     error before anything starts; DeepSpeed's runner would start the ranks and fail there.
     Nodes without GPUs run their ranks on CPU and are not checked."""
     for node in cluster.nodes:
-        gpus = facts.get(node.host, NodeFacts()).gpus
+        gpus = facts.get(node.host, LaunchFacts()).gpus
         beyond = [i for i in node.gpu_ids if gpus and i >= gpus]
         if beyond:
             raise TrainfleetError(
@@ -143,7 +143,7 @@ def prepare(
         raise TrainfleetError(
             f"cannot reach {', '.join(unreachable)}", "run `trainfleet doctor` for the cause"
         )
-    check_slots(cluster, node_facts(report))
+    check_slots(cluster, launch_facts(report))
     master_addr = options.master_addr or (report.survey.master_addr if report.survey else None)
     if not master_addr:
         raise TrainfleetError(
@@ -157,10 +157,10 @@ def prepare(
                 "DeepSpeed's runner needs pdsh on this machine", "apt-get install pdsh"
             )
         plan = plan_deepspeed(
-            cluster, node_facts(report), options, run_dir=run_dir, python=sys.executable, **common
+            cluster, launch_facts(report), options, run_dir=run_dir, python=sys.executable, **common
         )
     else:
-        plan = plan_launch(cluster, node_facts(report), options, **common)
+        plan = plan_launch(cluster, launch_facts(report), options, **common)
     return plan, report
 
 
