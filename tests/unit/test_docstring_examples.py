@@ -30,6 +30,7 @@ MODULES = [
     "trainfleet.plan.speed",
     "trainfleet.plan.zero",
     "trainfleet.commtest.formulas",
+    "trainfleet.doctor.facts",
     "trainfleet.heartbeat",
     "trainfleet.hf_names",
     "trainfleet.launch.entry",
