@@ -90,10 +90,9 @@ def launch_facts(report: DoctorReport) -> dict[str, LaunchFacts]:
             continue
         listening: set[int] = set()
         if survey and host == survey.cluster.master:
-            sheet = survey.facts.get(host, {})
-            listening = {
-                e["port"] for e in listeners_besides_probe(sheet) if isinstance(e.get("port"), int)
-            }
+            sheet = survey.facts.get(host)
+            held = listeners_besides_probe(sheet) if sheet else []
+            listening = {e.port for e in held if e.port is not None}
             if any(f.id == "port-in-use" for f in report.findings):  # (doctor's own verdict)
                 listening.add(survey.cluster.master_port)
         facts[host] = LaunchFacts(
