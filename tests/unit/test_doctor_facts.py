@@ -135,7 +135,7 @@ def test_the_recording_parses_with_nothing_lost():
         assert _lost(sheet, parse_fact_sheet(sheet, node=host)) == [], host
 
 
-@pytest.mark.parametrize("version", [0, 2, "1", None, True])
+@pytest.mark.parametrize("version", [0, 2, "1", 1.0, None, True])
 def test_a_sheet_from_another_probe_version_is_refused_naming_the_node(version):
     sheet = recorded_sheets()[N2]
     sheet["probe_version"] = version

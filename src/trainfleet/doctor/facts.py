@@ -31,8 +31,6 @@ from trainfleet.probe import PROBE_VERSION
 
 T = TypeVar("T")
 
-FROZEN = {"frozen": True, "slots": True, "kw_only": True}
-
 
 class FactSheetError(TrainfleetError):
     """A node's answer is no fact sheet this trainfleet can read (none, or another version)."""
@@ -41,7 +39,7 @@ class FactSheetError(TrainfleetError):
 # ----------------------------------------------------------------------------- the types
 
 
-@dataclass(**FROZEN)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Resolution:
     """`getaddrinfo(name)` on the node: its addresses, or the error."""
 
@@ -49,7 +47,7 @@ class Resolution:
     error: str | None = None
 
 
-@dataclass(**FROZEN)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Interface:
     """One network interface, as `ip -j addr` lists it (addresses as CIDR strings)."""
 
@@ -63,7 +61,7 @@ class Interface:
     ipv6: tuple[str, ...] = ()
 
 
-@dataclass(**FROZEN)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Route:
     """`ip route get MASTER_ADDR` on the node."""
 
@@ -73,7 +71,7 @@ class Route:
     error: str | None = None
 
 
-@dataclass(**FROZEN)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ClientName:
     """The master's reverse lookup of a client's IPv4-mapped address (c10d's store)."""
 
@@ -82,7 +80,7 @@ class ClientName:
     seconds: float | None = None
 
 
-@dataclass(**FROZEN)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Listener:
     """A listening TCP socket; pid and command only for the ports the probe was asked about."""
 
@@ -92,7 +90,7 @@ class Listener:
     cmd: str | None = None
 
 
-@dataclass(**FROZEN)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CommandOutput:
     """A firewall tool's answer: exit status and (tail of) its output."""
 
@@ -101,7 +99,7 @@ class CommandOutput:
     err: str = ""
 
 
-@dataclass(**FROZEN)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Firewall:
     """Each firewall tool found on the node (None: not installed, or unknown)."""
 
@@ -111,7 +109,7 @@ class Firewall:
     firewalld: CommandOutput | None = None
 
 
-@dataclass(**FROZEN)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Limits:
     """Soft rlimits of the probe's process; None: unlimited (or unknown)."""
 
@@ -119,7 +117,7 @@ class Limits:
     nofile: int | None = None
 
 
-@dataclass(**FROZEN)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Disk:
     """statvfs of a path, in bytes."""
 
@@ -128,7 +126,7 @@ class Disk:
     error: str | None = None
 
 
-@dataclass(**FROZEN)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Memory:
     """/proc/meminfo, in bytes."""
 
@@ -136,21 +134,21 @@ class Memory:
     available: int | None = None
 
 
-@dataclass(**FROZEN)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Workdir:
     path: str | None = None
     exists: bool | None = None
     disk: Disk = field(default_factory=Disk)
 
 
-@dataclass(**FROZEN)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Python:
     executable: str | None = None
     version: str | None = None
     """"3.11.4"."""
 
 
-@dataclass(**FROZEN)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Packages:
     """Installed versions from the dist-info metadata (no imports); None: not installed."""
 
@@ -163,7 +161,7 @@ class Packages:
     nccl_wheel: str | None = None
 
 
-@dataclass(**FROZEN)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Imports:
     """What importing the training stack in the node's python reported (full probe only)."""
 
@@ -181,7 +179,7 @@ class Imports:
     skipped: str | None = None
 
 
-@dataclass(**FROZEN)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Gpu:
     index: int | None = None
     name: str | None = None
@@ -189,7 +187,7 @@ class Gpu:
     driver: str | None = None
 
 
-@dataclass(**FROZEN)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class GpuProcess:
     """A compute process on a GPU, as nvidia-smi's CSV gives it (text fields)."""
 
@@ -199,14 +197,14 @@ class GpuProcess:
     gpu: str | None = None
 
 
-@dataclass(**FROZEN)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Gpus:
     devices: tuple[Gpu, ...] = ()
     processes: tuple[GpuProcess, ...] = ()
     error: str | None = None
 
 
-@dataclass(**FROZEN)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class JitLock:
     """A torch JIT build lock: its path, age and the pids that hold it or work beside it."""
 
@@ -215,14 +213,14 @@ class JitLock:
     busy_pids: tuple[int, ...] = ()
 
 
-@dataclass(**FROZEN)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CodeHash:
     sha256: str | None = None
     files: int | None = None
     truncated: bool = False
 
 
-@dataclass(**FROZEN)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SshOutcome:
     """This node's `ssh -N` to a peer: rc 0 once authenticated, 124 when the probe stopped it."""
 
@@ -231,7 +229,7 @@ class SshOutcome:
     seconds: float | None = None
 
 
-@dataclass(**FROZEN)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Transfer:
     """Bytes a peer streamed to this node's listener, and over how many seconds."""
 
@@ -239,7 +237,7 @@ class Transfer:
     seconds: float
 
 
-@dataclass(**FROZEN)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Active:
     """The tests whose other end is the other nodes' probes."""
 
@@ -259,7 +257,7 @@ class Active:
     bandwidth_in: Mapping[str, Transfer] = field(default_factory=dict)
 
 
-@dataclass(**FROZEN)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class NodeFacts:
     """One node's fact sheet. Every field may be unknown (None, empty): checks judge only what
     the node reported."""
@@ -540,7 +538,7 @@ def parse_fact_sheet(sheet: Any, *, node: str) -> NodeFacts:
             f"check what `{node}`'s python prints for trainfleet's probe",
         )
     version = sheet.get("probe_version")
-    if version != PROBE_VERSION or isinstance(version, bool):
+    if _int(version) != PROBE_VERSION:
         raise FactSheetError(
             f"{node} answered with a probe version {str(version)[:20]} fact sheet, this "
             f"trainfleet reads version {PROBE_VERSION}",
@@ -551,7 +549,7 @@ def parse_fact_sheet(sheet: Any, *, node: str) -> NodeFacts:
     python = _dict(sheet.get("python"))
     limits = _dict(sheet.get("limits"))
     return NodeFacts(
-        probe_version=version,
+        probe_version=PROBE_VERSION,
         node=_str(sheet.get("node")),
         pid=_int(sheet.get("pid")),
         time=_float(sheet.get("time")),
