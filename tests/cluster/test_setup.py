@@ -107,9 +107,9 @@ def test_password_only_servers_get_full_trust_and_a_second_run_changes_nothing(
     report = run_doctor(cluster)
     assert [f.id for f in report.findings if f.id.startswith("ssh-")] == []
     for host, facts in report.survey.facts.items():
-        matrix = facts["active"]["ssh"]
+        matrix = facts.active.ssh
         assert sorted(matrix) == ["gpu-node-1", "gpu-node-2", "gpu-node-3"], host
-        assert all(outcome["rc"] == 0 for outcome in matrix.values()), (host, matrix)
+        assert all(outcome.rc == 0 for outcome in matrix.values()), (host, matrix)
     homes = [box.home, *(box.state_dir / "nodes" / n.hostname / "home" for n in box.nodes)]
     state = _tree(*homes)
     assert all(password.encode() not in Path(path).read_bytes() for path in state)

@@ -1,15 +1,19 @@
 """Doctor test helpers: a `Survey` built from the recorded healthy 3-node fact sheets.
 
     >>> survey = make_survey(tmp_path)                      # doctest: +SKIP
-    >>> survey.facts["gpu-node-2"]["mtu"] = 1280            # edit a copy, then run a check
+    >>> sheets = sheets_of(survey)                          # the JSON, to edit
+    >>> sheets["gpu-node-2"]["interfaces"][1]["mtu"] = 1280
+    >>> survey = reparsed(survey, sheets)                   # parsed as collect parses
 
 `healthy3.json` was recorded by `collect()` on a clean 3-node sandbox (gpu-node-1..3 on
-ens14f0..2, master gpu-node-1); each test derives its broken variant by editing a deep copy.
+ens14f0..2, master gpu-node-1); each test derives its broken variant by editing a deep copy of
+the JSON sheets, which then go through `parse_fact_sheet`, as a node's answer does in collect.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import json
 import types
@@ -18,9 +22,11 @@ from pathlib import Path
 
 import pytest
 
+from trainfleet import probe
 from trainfleet.cluster import parse_cluster_yaml
 from trainfleet.doctor.checks import software
 from trainfleet.doctor.collect import Survey
+from trainfleet.doctor.facts import NodeFacts, parse_fact_sheet
 from trainfleet.doctor.findings import Finding, Severity
 from trainfleet.remote import NodeResult
 
@@ -62,36 +68,54 @@ def cluster_yaml(
     return "\n".join(lines) + "\n"
 
 
+def recorded_sheets(nodes: Iterable[str] = NODES) -> dict[str, dict]:
+    """The recorded JSON fact sheets for `nodes` (fresh copies, to edit); a node beyond the
+    recording is a copy of gpu-node-3 under its own name."""
+    data = recorded()
+    sheets = {}
+    for host in nodes:
+        if host in data["facts"]:
+            sheets[host] = copy.deepcopy(data["facts"][host])
+        else:
+            sheets[host] = copy.deepcopy(data["facts"]["gpu-node-3"])
+            sheets[host].update(node=host, hostname=host, fqdn=host)
+            sheets[host]["resolve"] = {
+                host: {"addresses": ["10.213.207.99"]},
+                MASTER: {"addresses": [MASTER_ADDR]},
+            }
+    return sheets
+
+
+def facts_of(sheet: dict, node: str = "node") -> NodeFacts:
+    """A (partial) JSON fact sheet parsed as collect parses a node's: the probe's version is
+    filled in when the sheet does not say it."""
+    return parse_fact_sheet({"probe_version": probe.PROBE_VERSION, **sheet}, node=node)
+
+
 def make_survey(
     tmp_path: Path,
     *,
     nodes: Iterable[str] = NODES,
+    sheets: Mapping[str, dict] | None = None,
     env: Mapping[str, str] | None = None,
     node_env: Mapping[str, Mapping[str, str]] | None = None,
     slots: Mapping[str, int] | None = None,
     failed: Mapping[str, NodeResult] | None = None,
     launch_env: Mapping[str, str] | None = None,
 ) -> Survey:
-    """A Survey of the recorded facts for `nodes`; a node beyond the recording is a copy of
-    gpu-node-3 under its own name. Nodes in `failed` get no fact sheet."""
+    """A Survey of the recorded facts for `nodes` (or of `sheets`, the recording as edited by
+    a test), each sheet parsed by `parse_fact_sheet`. Nodes in `failed` get no fact sheet."""
     nodes = tuple(nodes)
     data = recorded()
     path = tmp_path / "cluster.yaml"
     path.write_text(cluster_yaml(nodes, env=env, node_env=node_env, slots=slots))
     cluster = parse_cluster_yaml(path.read_text(), str(path))
-    facts = {}
-    for host in nodes:
-        if host in data["facts"]:
-            facts[host] = copy.deepcopy(data["facts"][host])
-        else:
-            facts[host] = copy.deepcopy(data["facts"]["gpu-node-3"])
-            facts[host].update(node=host, hostname=host, fqdn=host)
-            facts[host]["resolve"] = {
-                host: {"addresses": ["10.213.207.99"]},
-                MASTER: {"addresses": [MASTER_ADDR]},
-            }
-    for host in failed or {}:
-        facts.pop(host, None)
+    raw = recorded_sheets(nodes) if sheets is None else sheets
+    facts = {
+        host: parse_fact_sheet(raw[host], node=host)
+        for host in nodes
+        if host in raw and host not in (failed or {})
+    }
     return Survey(
         cluster=cluster,
         addresses={h: data["addresses"].get(h, "10.213.207.99") for h in nodes},
@@ -102,6 +126,18 @@ def make_survey(
         quick=False,
         launch_env=dict(launch_env or {}),
     )
+
+
+def sheets_of(survey: Survey) -> dict[str, dict]:
+    """The recorded JSON sheets of the survey's examined nodes, to edit and then parse again
+    with `reparsed` (the survey's own facts are frozen)."""
+    return recorded_sheets(survey.facts)
+
+
+def reparsed(survey: Survey, sheets: Mapping[str, dict]) -> Survey:
+    """`survey` with its facts parsed from `sheets` (as edited by a test), as collect parses."""
+    facts = {host: parse_fact_sheet(sheet, node=host) for host, sheet in sheets.items()}
+    return dataclasses.replace(survey, facts=facts)
 
 
 def window() -> tuple[float, float]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from doctor_fixtures import expect_one, make_survey, with_id
+from doctor_fixtures import expect_one, make_survey, reparsed, sheets_of, with_id
 
 from trainfleet.doctor.checks import network
 from trainfleet.doctor.findings import Severity
@@ -44,7 +44,9 @@ def test_nccl_interface_from_the_launch_environment(tmp_path):
 
 def test_nccl_interface_from_a_nodes_own_environment(tmp_path):
     survey = make_survey(tmp_path)
-    survey.facts[N3]["env"]["NCCL_SOCKET_IFNAME"] = "eth0"
+    sheets = sheets_of(survey)
+    sheets[N3]["env"]["NCCL_SOCKET_IFNAME"] = "eth0"
+    survey = reparsed(survey, sheets)
     expect_one(
         network.check_interfaces(survey),
         "iface-mismatch",
@@ -88,6 +90,7 @@ def test_gloo_interface_counts_must_match(tmp_path):
 
 def test_nccl_default_on_a_virtual_bridge_is_the_wrong_interface(tmp_path):
     survey = make_survey(tmp_path)
+    sheets = sheets_of(survey)
     virbr0 = {
         "name": "virbr0",
         "state": "UP",
@@ -95,7 +98,8 @@ def test_nccl_default_on_a_virtual_bridge_is_the_wrong_interface(tmp_path):
         "mtu": 1500,
         "ipv4": ["192.168.122.1/24"],
     }
-    survey.facts[N2]["interfaces"].insert(0, virbr0)
+    sheets[N2]["interfaces"].insert(0, virbr0)
+    survey = reparsed(survey, sheets)
     expect_one(
         network.check_interfaces(survey),
         "iface-wrong",
@@ -108,16 +112,18 @@ def test_nccl_default_on_a_virtual_bridge_is_the_wrong_interface(tmp_path):
 
 def test_nccl_default_does_not_matter_once_the_variable_is_set(tmp_path):
     survey = make_survey(tmp_path, launch_env={"NCCL_SOCKET_IFNAME": "ens14f"})
-    survey.facts[N2]["interfaces"].insert(0, {"name": "virbr0", "up": True, "ipv4": ["1.2.3.4/24"]})
+    sheets = sheets_of(survey)
+    sheets[N2]["interfaces"].insert(0, {"name": "virbr0", "up": True, "ipv4": ["1.2.3.4/24"]})
+    survey = reparsed(survey, sheets)
     assert network.check_interfaces(survey) == []
 
 
 def test_route_to_the_master_through_a_virtual_interface(tmp_path):
     survey = make_survey(tmp_path)
-    survey.facts[N3]["interfaces"].append(
-        {"name": "docker0", "up": True, "ipv4": ["172.17.0.1/16"]}
-    )
-    survey.facts[N3]["route_to_master"]["dev"] = "docker0"
+    sheets = sheets_of(survey)
+    sheets[N3]["interfaces"].append({"name": "docker0", "up": True, "ipv4": ["172.17.0.1/16"]})
+    sheets[N3]["route_to_master"]["dev"] = "docker0"
+    survey = reparsed(survey, sheets)
     findings = network.check_interfaces(survey)
     virtual = [f for f in with_id(findings, "iface-wrong") if "virtual" in f.evidence[0]]
     assert [f.nodes for f in virtual] == [(N3,)]
@@ -133,12 +139,12 @@ def test_interfaces_silent_on_the_recording(tmp_path):
 MB = 1_000_000
 
 
-def _ring(survey, nodes, slow_node=None, slow=5.0, fast=1000.0):
+def _ring(sheets, nodes, slow_node=None, slow=5.0, fast=1000.0):
     """Bandwidth in a ring as the receivers measured it: node i -> node i+1."""
     for i, src in enumerate(nodes):
         dst = nodes[(i + 1) % len(nodes)]
         rate = slow if slow_node in (src, dst) else fast
-        survey.facts[dst]["active"]["bandwidth_in"] = {
+        sheets[dst]["active"]["bandwidth_in"] = {
             src: {"bytes": int(rate * MB * 0.3), "seconds": 0.3}
         }
 
@@ -146,7 +152,9 @@ def _ring(survey, nodes, slow_node=None, slow=5.0, fast=1000.0):
 def test_slow_node_in_a_four_node_ring(tmp_path):
     nodes = (N1, N2, N3, N4)
     survey = make_survey(tmp_path, nodes=nodes)
-    _ring(survey, nodes, slow_node=N3)
+    sheets = sheets_of(survey)
+    _ring(sheets, nodes, slow_node=N3)
+    survey = reparsed(survey, sheets)
     expect_one(
         network.check_slow_link(survey),
         "slow-link",
@@ -159,22 +167,28 @@ def test_slow_node_in_a_four_node_ring(tmp_path):
 
 def test_slow_node_in_a_three_node_ring(tmp_path):
     survey = make_survey(tmp_path)
-    _ring(survey, (N1, N2, N3), slow_node=N2)
+    sheets = sheets_of(survey)
+    _ring(sheets, (N1, N2, N3), slow_node=N2)
+    survey = reparsed(survey, sheets)
     expect_one(network.check_slow_link(survey), "slow-link", Severity.WARNING, (N2,))
 
 
 def test_one_slow_link_names_both_ends(tmp_path):
     nodes = (N1, N2, N3, N4)
     survey = make_survey(tmp_path, nodes=nodes)
-    _ring(survey, nodes)
-    survey.facts[N2]["active"]["bandwidth_in"][N1]["bytes"] = int(5 * MB * 0.3)
+    sheets = sheets_of(survey)
+    _ring(sheets, nodes)
+    sheets[N2]["active"]["bandwidth_in"][N1]["bytes"] = int(5 * MB * 0.3)
+    survey = reparsed(survey, sheets)
     expect_one(network.check_slow_link(survey), "slow-link", Severity.WARNING, (N1, N2))
 
 
 def test_fewer_than_three_links_are_not_compared(tmp_path):
     survey = make_survey(tmp_path)
-    _ring(survey, (N1, N2, N3), slow_node=N2)
-    survey.facts[N1]["active"]["bandwidth_in"] = {}
+    sheets = sheets_of(survey)
+    _ring(sheets, (N1, N2, N3), slow_node=N2)
+    sheets[N1]["active"]["bandwidth_in"] = {}
+    survey = reparsed(survey, sheets)
     assert len(network.link_rates(survey)) == 2
     assert network.check_slow_link(survey) == []
 

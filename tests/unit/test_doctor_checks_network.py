@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from doctor_fixtures import MASTER, MASTER_ADDR, expect_one, make_survey
+from doctor_fixtures import MASTER, MASTER_ADDR, expect_one, make_survey, reparsed, sheets_of
 
 from trainfleet.doctor.checks import network
 from trainfleet.doctor.findings import Severity
@@ -18,8 +18,8 @@ def survey(tmp_path):
     return make_survey(tmp_path)
 
 
-def _master_ports(survey) -> list[str]:
-    ports = list(survey.facts[MASTER]["active"]["listen"])
+def _master_ports(sheets) -> list[str]:
+    ports = list(sheets[MASTER]["active"]["listen"])
     assert "29500" in ports and len(ports) == 3
     return [p for p in ports if p != "29500"]
 
@@ -28,10 +28,12 @@ def _master_ports(survey) -> list[str]:
 
 
 def test_firewall_dropping_random_ports_names_the_target_and_says_master_port_passes(survey):
-    random_ports = _master_ports(survey)
+    sheets = sheets_of(survey)
+    random_ports = _master_ports(sheets)
     for src in (N2, N3):
         for port in random_ports:
-            survey.facts[src]["active"]["tcp"][MASTER][port] = "timeout"
+            sheets[src]["active"]["tcp"][MASTER][port] = "timeout"
+    survey = reparsed(survey, sheets)
     finding = expect_one(
         network.check_firewall(survey),
         "firewall-blocks-ports",
@@ -44,9 +46,11 @@ def test_firewall_dropping_random_ports_names_the_target_and_says_master_port_pa
 
 
 def test_firewall_when_everything_is_dropped_does_not_claim_the_master_port_passes(survey):
+    sheets = sheets_of(survey)
     for src in (N2, N3):
-        for port in survey.facts[src]["active"]["tcp"][MASTER]:
-            survey.facts[src]["active"]["tcp"][MASTER][port] = "timeout"
+        for port in sheets[src]["active"]["tcp"][MASTER]:
+            sheets[src]["active"]["tcp"][MASTER][port] = "timeout"
+    survey = reparsed(survey, sheets)
     finding = expect_one(
         network.check_firewall(survey), "firewall-blocks-ports", Severity.ERROR, (MASTER,)
     )
@@ -54,11 +58,13 @@ def test_firewall_when_everything_is_dropped_does_not_claim_the_master_port_pass
 
 
 def test_firewall_shows_the_drop_rules_and_the_ufw_rule_when_ufw_is_active(survey):
-    target = survey.facts[N3]
+    sheets = sheets_of(survey)
+    target = sheets[N3]
     target["firewall"]["iptables"]["out"] += "-A INPUT -p tcp -m tcp --dport 40000:60000 -j DROP\n"
     target["firewall"]["ufw"] = {"rc": 0, "out": "Status: active\n", "err": ""}
     port = next(iter(target["active"]["listen"]))
-    survey.facts[N1]["active"]["tcp"][N3][port] = "timeout"
+    sheets[N1]["active"]["tcp"][N3][port] = "timeout"
+    survey = reparsed(survey, sheets)
     expect_one(
         network.check_firewall(survey),
         "firewall-blocks-ports",
@@ -70,10 +76,12 @@ def test_firewall_shows_the_drop_rules_and_the_ufw_rule_when_ufw_is_active(surve
 
 
 def test_firewall_ignores_a_port_the_target_could_not_bind(survey):
-    port = next(iter(survey.facts[N2]["active"]["listen"]))
-    survey.facts[N2]["active"]["listen"][port] = "bind failed: Address already in use"
-    survey.facts[N1]["active"]["tcp"][N2][port] = "refused"
-    survey.facts[N3]["active"]["tcp"][N2][port] = "refused"
+    sheets = sheets_of(survey)
+    port = next(iter(sheets[N2]["active"]["listen"]))
+    sheets[N2]["active"]["listen"][port] = "bind failed: Address already in use"
+    sheets[N1]["active"]["tcp"][N2][port] = "refused"
+    sheets[N3]["active"]["tcp"][N2][port] = "refused"
+    survey = reparsed(survey, sheets)
     assert network.check_firewall(survey) == []
 
 
@@ -85,11 +93,13 @@ def test_firewall_silent_on_the_recording(survey):
 
 
 def test_port_in_use_names_the_holder_on_one_line(survey):
-    facts = survey.facts[MASTER]
+    sheets = sheets_of(survey)
+    facts = sheets[MASTER]
     facts["active"]["listen"]["29500"] = "bind failed: Address already in use"
     facts["listening"] = [e for e in facts["listening"] if e["port"] != 29500] + [
         {"addr": "0.0.0.0", "port": 29500, "pid": 4242, "cmd": "python\ntrain.py \n --lr 1e-4"}
     ]
+    survey = reparsed(survey, sheets)
     finding = expect_one(
         network.check_port_in_use(survey),
         "port-in-use",
@@ -102,8 +112,10 @@ def test_port_in_use_names_the_holder_on_one_line(survey):
 
 
 def test_port_in_use_long_command_is_shortened(survey):
-    facts = survey.facts[MASTER]
+    sheets = sheets_of(survey)
+    facts = sheets[MASTER]
     facts["listening"].append({"addr": "::", "port": 29500, "pid": 77, "cmd": "x" * 300})
+    survey = reparsed(survey, sheets)
     finding = expect_one(
         network.check_port_in_use(survey), "port-in-use", Severity.ERROR, (MASTER,)
     )
@@ -111,8 +123,10 @@ def test_port_in_use_long_command_is_shortened(survey):
 
 
 def test_port_in_use_bind_failure_without_a_visible_owner(survey):
-    survey.facts[MASTER]["active"]["listen"]["29500"] = "bind failed: Address already in use"
-    survey.facts[MASTER]["listening"] = []
+    sheets = sheets_of(survey)
+    sheets[MASTER]["active"]["listen"]["29500"] = "bind failed: Address already in use"
+    sheets[MASTER]["listening"] = []
+    survey = reparsed(survey, sheets)
     expect_one(
         network.check_port_in_use(survey),
         "port-in-use",
@@ -124,9 +138,11 @@ def test_port_in_use_bind_failure_without_a_visible_owner(survey):
 
 
 def test_port_in_use_ignores_the_probes_own_listener(survey):
-    facts = survey.facts[MASTER]
+    sheets = sheets_of(survey)
+    facts = sheets[MASTER]
     own = [e for e in facts["listening"] if e["port"] == 29500]
     assert own and all(e["pid"] == facts["pid"] for e in own)  # the recording holds it
+    survey = reparsed(survey, sheets)
     assert network.check_port_in_use(survey) == []
 
 
@@ -134,7 +150,9 @@ def test_port_in_use_ignores_the_probes_own_listener(survey):
 
 
 def test_hostname_loopback_on_one_node(survey):
-    survey.facts[N2]["resolve"][N2] = {"addresses": ["127.0.1.1"]}
+    sheets = sheets_of(survey)
+    sheets[N2]["resolve"][N2] = {"addresses": ["127.0.1.1"]}
+    survey = reparsed(survey, sheets)
     expect_one(
         network.check_hostnames(survey),
         "hostname-loopback",
@@ -147,12 +165,16 @@ def test_hostname_loopback_on_one_node(survey):
 
 def test_hostname_loopback_is_fine_on_a_one_node_cluster(tmp_path):
     survey = make_survey(tmp_path, nodes=[N1])
-    survey.facts[N1]["resolve"][N1] = {"addresses": ["127.0.1.1"]}
+    sheets = sheets_of(survey)
+    sheets[N1]["resolve"][N1] = {"addresses": ["127.0.1.1"]}
+    survey = reparsed(survey, sheets)
     assert network.check_hostnames(survey) == []
 
 
 def test_hostname_unresolvable_own_name_is_an_error(survey):
-    survey.facts[N3]["resolve"][N3] = {"error": "[Errno -2] Name or service not known"}
+    sheets = sheets_of(survey)
+    sheets[N3]["resolve"][N3] = {"error": "[Errno -2] Name or service not known"}
+    survey = reparsed(survey, sheets)
     expect_one(
         network.check_hostnames(survey),
         "hostname-unresolvable",
@@ -164,7 +186,9 @@ def test_hostname_unresolvable_own_name_is_an_error(survey):
 
 
 def test_hostname_unresolvable_master_name_is_a_warning(survey):
-    survey.facts[N2]["resolve"][MASTER] = {"error": "[Errno -2] Name or service not known"}
+    sheets = sheets_of(survey)
+    sheets[N2]["resolve"][MASTER] = {"error": "[Errno -2] Name or service not known"}
+    survey = reparsed(survey, sheets)
     expect_one(
         network.check_hostnames(survey),
         "hostname-unresolvable",
@@ -176,26 +200,29 @@ def test_hostname_unresolvable_master_name_is_a_warning(survey):
 
 
 def test_clients_without_a_name_on_the_master_are_c10ds_err_3(survey):
+    sheets = sheets_of(survey)
     n3 = survey.addresses[N3]
     named = {a: {"name": f"{h}-ipv4-mapped", "seconds": 0.001}
              for h, a in survey.addresses.items()}  # fmt: skip
-    survey.facts[MASTER]["client_names"] = named
-    assert network.check_client_names(survey) == []
+    sheets[MASTER]["client_names"] = named
+    assert network.check_client_names(reparsed(survey, sheets)) == []
     named[n3] = {"error": "[Errno -3] Temporary failure in name resolution", "seconds": 0.002}
     expect_one(
-        network.check_client_names(survey),
+        network.check_client_names(reparsed(survey, sheets)),
         "hostname-unresolvable",
         Severity.WARNING,
         (MASTER,),
         evidence=[f"::ffff:{n3} ({N3})", "Errno -3", "err=-3"],
         fix=[f"::ffff:{n3} {N3}-ipv4-mapped", "/etc/hosts", MASTER],
     )
-    survey.facts[MASTER]["ipv6_disabled"] = "1"  # no dual stack: c10d sees plain IPv4
-    assert network.check_client_names(survey) == []
+    sheets[MASTER]["ipv6_disabled"] = "1"  # no dual stack: c10d sees plain IPv4
+    assert network.check_client_names(reparsed(survey, sheets)) == []
 
 
 def test_ipv6_only_master_name(survey):
-    survey.facts[N3]["resolve"][MASTER] = {"addresses": ["fd00:10::11"]}
+    sheets = sheets_of(survey)
+    sheets[N3]["resolve"][MASTER] = {"addresses": ["fd00:10::11"]}
+    survey = reparsed(survey, sheets)
     expect_one(
         network.check_ipv6(survey),
         "ipv6-mismatch",
@@ -207,7 +234,9 @@ def test_ipv6_only_master_name(survey):
 
 
 def test_ipv6_alongside_ipv4_is_fine(survey):
-    survey.facts[N3]["resolve"][MASTER] = {"addresses": ["fd00:10::11", MASTER_ADDR]}
+    sheets = sheets_of(survey)
+    sheets[N3]["resolve"][MASTER] = {"addresses": ["fd00:10::11", MASTER_ADDR]}
+    survey = reparsed(survey, sheets)
     assert network.check_ipv6(survey) == []
 
 
@@ -221,7 +250,9 @@ def _set_mtu(facts: dict, name: str, mtu: int) -> None:
 
 
 def test_mtu_mismatch_names_only_the_odd_node(survey):
-    _set_mtu(survey.facts[N3], "ens14f2", 1280)
+    sheets = sheets_of(survey)
+    _set_mtu(sheets[N3], "ens14f2", 1280)
+    survey = reparsed(survey, sheets)
     expect_one(
         network.check_mtu(survey),
         "mtu-mismatch",
@@ -233,21 +264,24 @@ def test_mtu_mismatch_names_only_the_odd_node(survey):
 
 
 def test_mtu_of_an_unused_interface_does_not_matter(survey):
-    _set_mtu(survey.facts[N2], "lo", 1500)
+    sheets = sheets_of(survey)
+    _set_mtu(sheets[N2], "lo", 1500)
+    survey = reparsed(survey, sheets)
     assert network.check_mtu(survey) == []
 
 
 def test_refused_before_the_peer_listened_is_not_a_firewall(tmp_path):
     """A peer whose probe started late refuses at first: inconclusive, not blocked."""
     survey = make_survey(tmp_path)
-    target = survey.facts["gpu-node-2"]["active"]
+    sheets = sheets_of(survey)
+    target = sheets["gpu-node-2"]["active"]
     port = str(survey.ports["gpu-node-2"][0])
-    src = survey.facts["gpu-node-1"]["active"]
+    src = sheets["gpu-node-1"]["active"]
     src["tcp"]["gpu-node-2"][port] = "refused"
     src.setdefault("tcp_last_attempt", {}).setdefault("gpu-node-2", {})[port] = 100.0
     target["listen_since"] = 103.0  # it listened 3 s after the last refused attempt
-    assert [f for f in network.check_firewall(survey)] == []
+    assert [f for f in network.check_firewall(reparsed(survey, sheets))] == []
     target["listen_since"] = 90.0  # it listened before: refused for real (REJECT)
-    assert [f.nodes for f in network.check_firewall(survey)] == [("gpu-node-2",)]
+    assert [f.nodes for f in network.check_firewall(reparsed(survey, sheets))] == [("gpu-node-2",)]
     target["listen_until"] = 99.0  # ...unless it had already stopped listening (a late peer)
-    assert [f for f in network.check_firewall(survey)] == []
+    assert [f for f in network.check_firewall(reparsed(survey, sheets))] == []

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from doctor_fixtures import expect_one, make_survey, stub_which, with_id
+from doctor_fixtures import expect_one, make_survey, reparsed, sheets_of, stub_which, with_id
 
 from trainfleet.doctor.checks import software
 from trainfleet.doctor.findings import Severity
@@ -35,7 +35,9 @@ def _set_version(facts: dict, name: str, version: str | None) -> None:
 
 
 def test_torch_version_differs_on_one_node(survey):
-    _set_version(survey.facts[N3], "torch", "2.12.0+cpu")
+    sheets = sheets_of(survey)
+    _set_version(sheets[N3], "torch", "2.12.0+cpu")
+    survey = reparsed(survey, sheets)
     expect_one(
         software.check_versions(survey),
         "version-mismatch",
@@ -47,8 +49,10 @@ def test_torch_version_differs_on_one_node(survey):
 
 
 def test_transformers_version_differs_is_a_warning(survey):
+    sheets = sheets_of(survey)
     for host, version in ((N1, "4.44.0"), (N2, "4.40.1"), (N3, "4.44.0")):
-        _set_version(survey.facts[host], "transformers", version)
+        _set_version(sheets[host], "transformers", version)
+    survey = reparsed(survey, sheets)
     expect_one(
         software.check_versions(survey),
         "version-mismatch",
@@ -60,14 +64,19 @@ def test_transformers_version_differs_is_a_warning(survey):
 
 
 def test_python_minor_version_matters_patch_does_not(survey):
-    survey.facts[N2]["python"]["version"] = "3.11.9"
-    assert software.check_versions(survey) == []
-    survey.facts[N1]["python"]["version"] = "3.10.12"
-    expect_one(software.check_versions(survey), "version-mismatch", Severity.ERROR, (N1,))
+    sheets = sheets_of(survey)
+    sheets[N2]["python"]["version"] = "3.11.9"
+    assert software.check_versions(reparsed(survey, sheets)) == []
+    sheets[N1]["python"]["version"] = "3.10.12"
+    expect_one(
+        software.check_versions(reparsed(survey, sheets)), "version-mismatch", Severity.ERROR, (N1,)
+    )
 
 
 def test_imported_version_wins_over_package_metadata(survey):
-    survey.facts[N2]["packages"]["torch"] = "2.1.0"  # a stale dist-info; the import says 2.13
+    sheets = sheets_of(survey)
+    sheets[N2]["packages"]["torch"] = "2.1.0"  # a stale dist-info; the import says 2.13
+    survey = reparsed(survey, sheets)
     assert software.check_versions(survey) == []
 
 
@@ -75,9 +84,11 @@ def test_imported_version_wins_over_package_metadata(survey):
 
 
 def test_torch_missing_on_one_node(survey):
-    facts = survey.facts[N2]
+    sheets = sheets_of(survey)
+    facts = sheets[N2]
     facts["packages"]["torch"] = None
     facts["imports"] = {"skipped": "no torch or deepspeed installed"}
+    survey = reparsed(survey, sheets)
     expect_one(
         software.check_torch(survey),
         "torch-missing",
@@ -90,8 +101,10 @@ def test_torch_missing_on_one_node(survey):
 
 @pytest.mark.parametrize("key", ["torch_error", "import_error"])
 def test_torch_import_error(survey, key):
+    sheets = sheets_of(survey)
     error = "ImportError: libcudart.so.12: cannot open shared object file"
-    survey.facts[N3]["imports"] = {key: error}
+    sheets[N3]["imports"] = {key: error}
+    survey = reparsed(survey, sheets)
     expect_one(
         software.check_torch(survey),
         "torch-missing",
@@ -103,9 +116,11 @@ def test_torch_import_error(survey, key):
 
 
 def test_torch_missing_everywhere_is_a_warning(survey):
-    for facts in survey.facts.values():
+    sheets = sheets_of(survey)
+    for facts in sheets.values():
         facts["packages"]["torch"] = None
         facts["imports"] = {"skipped": "no torch or deepspeed installed"}
+    survey = reparsed(survey, sheets)
     findings = software.check_torch(survey)
     expect_one(findings, "torch-missing", Severity.WARNING, (N1, N2, N3), nodes_in_evidence=False)
     assert all(f.severity is Severity.WARNING for f in findings)
@@ -115,9 +130,11 @@ def test_torch_missing_everywhere_is_a_warning(survey):
 
 
 def test_ninja_missing_where_deepspeed_is_installed(survey):
-    for facts in survey.facts.values():
+    sheets = sheets_of(survey)
+    for facts in sheets.values():
         _set_version(facts, "deepspeed", "0.16.2")
-    survey.facts[N2]["tools"]["ninja"] = None
+    sheets[N2]["tools"]["ninja"] = None
+    survey = reparsed(survey, sheets)
     expect_one(
         software.check_tools(survey),
         "ninja-missing",
@@ -129,13 +146,17 @@ def test_ninja_missing_where_deepspeed_is_installed(survey):
 
 
 def test_ninja_not_needed_without_deepspeed(survey):
-    for facts in survey.facts.values():
+    sheets = sheets_of(survey)
+    for facts in sheets.values():
         facts["tools"]["ninja"] = None
+    survey = reparsed(survey, sheets)
     assert with_id(software.check_tools(survey), "ninja-missing") == []
 
 
 def test_tool_on_other_nodes_but_not_on_this_ones_path(survey):
-    survey.facts[N2]["tools"]["nvcc"] = None
+    sheets = sheets_of(survey)
+    sheets[N2]["tools"]["nvcc"] = None
+    survey = reparsed(survey, sheets)
     expect_one(
         software.check_tools(survey),
         "remote-env-differs",
@@ -159,8 +180,10 @@ def test_tool_only_on_the_launch_machine(survey, monkeypatch):
 
 
 def test_path_lacking_directories_the_others_have(survey):
-    path = survey.facts[N3]["path"].split(":")
-    survey.facts[N3]["path"] = ":".join(d for d in path if "pyenv" not in d)
+    sheets = sheets_of(survey)
+    path = sheets[N3]["path"].split(":")
+    sheets[N3]["path"] = ":".join(d for d in path if "pyenv" not in d)
+    survey = reparsed(survey, sheets)
     expect_one(
         software.check_tools(survey),
         "remote-env-differs",
@@ -214,7 +237,9 @@ def test_a_probe_that_crashed_is_not_a_missing_path(tmp_path):
 
 
 def test_workdir_missing_on_a_node(survey):
-    survey.facts[N2]["workdir"] = {"path": "/data/run", "exists": False, "disk": {"error": "x"}}
+    sheets = sheets_of(survey)
+    sheets[N2]["workdir"] = {"path": "/data/run", "exists": False, "disk": {"error": "x"}}
+    survey = reparsed(survey, sheets)
     expect_one(
         software.check_paths(survey),
         "remote-path-missing",
@@ -226,7 +251,9 @@ def test_workdir_missing_on_a_node(survey):
 
 
 def test_code_differs_on_one_node(survey):
-    survey.facts[N2]["code"]["sha256"] = "0" * 64
+    sheets = sheets_of(survey)
+    sheets[N2]["code"]["sha256"] = "0" * 64
+    survey = reparsed(survey, sheets)
     expect_one(
         software.check_code(survey),
         "code-differs",
@@ -238,7 +265,9 @@ def test_code_differs_on_one_node(survey):
 
 
 def test_code_not_hashed_in_quick_mode(survey):
-    survey.facts[N2]["code"] = None
+    sheets = sheets_of(survey)
+    sheets[N2]["code"] = None
+    survey = reparsed(survey, sheets)
     assert software.check_code(survey) == []
 
 
@@ -246,18 +275,19 @@ def test_code_not_hashed_in_quick_mode(survey):
 
 
 def test_cuda_home_missing_on_a_gpu_node(survey):
-    survey.facts[N3]["gpus"] = {"devices": [{"index": 0, "name": "H100"}], "processes": []}
-    survey.facts[N3]["tools"]["nvcc"] = None
+    sheets = sheets_of(survey)
+    sheets[N3]["gpus"] = {"devices": [{"index": 0, "name": "H100"}], "processes": []}
+    sheets[N3]["tools"]["nvcc"] = None
     expect_one(
-        software.check_gpu_software(survey),
+        software.check_gpu_software(reparsed(survey, sheets)),
         "cuda-home-missing",
         Severity.WARNING,
         (N3,),
         evidence=["CUDA_HOME"],
         fix=["CUDA_HOME", N3],
     )
-    survey.facts[N3]["cuda_home"] = "/usr/local/cuda"
-    assert software.check_gpu_software(survey) == []
+    sheets[N3]["cuda_home"] = "/usr/local/cuda"
+    assert software.check_gpu_software(reparsed(survey, sheets)) == []
 
 
 def test_pdsh_missing_on_the_launch_machine(survey, monkeypatch):

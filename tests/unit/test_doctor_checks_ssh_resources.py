@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from doctor_fixtures import expect_one, make_survey, window, with_id
+from doctor_fixtures import expect_one, make_survey, reparsed, sheets_of, window, with_id
 
 from trainfleet.doctor.checks import resources, ssh
 from trainfleet.doctor.findings import Severity, merge
@@ -87,13 +87,15 @@ def test_probe_that_did_not_finish(tmp_path):
     )
 
 
-def _node_ssh(survey, src, dst, rc, stderr):
-    survey.facts[src]["active"]["ssh"][dst] = {"rc": rc, "stderr": stderr, "seconds": 0.3}
+def _node_ssh(sheets, src, dst, rc, stderr):
+    sheets[src]["active"]["ssh"][dst] = {"rc": rc, "stderr": stderr, "seconds": 0.3}
 
 
 def test_node_to_node_ssh_denied_is_a_warning_on_the_destination(survey):
-    _node_ssh(survey, N1, N3, 255, "root@gpu-node-3: Permission denied (publickey).")
-    _node_ssh(survey, N2, N3, 255, "root@gpu-node-3: Permission denied (publickey).")
+    sheets = sheets_of(survey)
+    _node_ssh(sheets, N1, N3, 255, "root@gpu-node-3: Permission denied (publickey).")
+    _node_ssh(sheets, N2, N3, 255, "root@gpu-node-3: Permission denied (publickey).")
+    survey = reparsed(survey, sheets)
     finding = expect_one(
         merge(ssh.check_node_to_node_ssh(survey)),  # as run_checks does
         "ssh-auth-failed",
@@ -106,7 +108,9 @@ def test_node_to_node_ssh_denied_is_a_warning_on_the_destination(survey):
 
 
 def test_node_to_itself(survey):
-    _node_ssh(survey, N1, N1, 255, "Host key verification failed.")
+    sheets = sheets_of(survey)
+    _node_ssh(sheets, N1, N1, 255, "Host key verification failed.")
+    survey = reparsed(survey, sheets)
     expect_one(
         ssh.check_node_to_node_ssh(survey),
         "ssh-hostkey-unknown",
@@ -119,13 +123,17 @@ def test_node_to_itself(survey):
 def test_node_to_node_not_repeated_for_a_node_already_failed(tmp_path):
     denied = "root@gpu-node-3: Permission denied (publickey)."
     survey = make_survey(tmp_path, failed={N3: _ssh_failed(N3, denied)})
-    _node_ssh(survey, N2, N3, 255, denied)
+    sheets = sheets_of(survey)
+    _node_ssh(sheets, N2, N3, 255, denied)
+    survey = reparsed(survey, sheets)
     assert ssh.check_node_to_node_ssh(survey) == []
     expect_one(ssh.check_launch_ssh(survey), "ssh-auth-failed", Severity.ERROR, (N3,))
 
 
 def test_node_to_node_ssh_timeout_is_unreachable_not_auth(survey):
-    _node_ssh(survey, N2, N3, 124, "timed out after 8 s")
+    sheets = sheets_of(survey)
+    _node_ssh(sheets, N2, N3, 124, "timed out after 8 s")
+    survey = reparsed(survey, sheets)
     expect_one(ssh.check_node_to_node_ssh(survey), "ssh-unreachable", Severity.WARNING, (N3,))
 
 
@@ -137,8 +145,10 @@ def test_ssh_silent_on_the_recording(survey):
 
 
 def test_shared_storage_missing(survey):
-    for facts in survey.facts.values():
+    sheets = sheets_of(survey)
+    for facts in sheets.values():
         facts["active"]["shared"] = dict.fromkeys(facts["active"]["shared"], False)
+    survey = reparsed(survey, sheets)
     finding = expect_one(
         resources.check_shared_storage(survey),
         "shared-dir-missing",
@@ -151,13 +161,14 @@ def test_shared_storage_missing(survey):
 
 
 def test_shared_storage_ignores_nodes_that_wrote_no_token(survey):
-    survey.facts[N3]["active"]["token"] = "not written: Read-only file system"
-    survey.facts[N1]["active"]["shared"][N3] = False
-    survey.facts[N2]["active"]["shared"][N3] = False
-    assert resources.check_shared_storage(survey) == []
-    survey.facts[N1]["active"]["shared"][N2] = False
+    sheets = sheets_of(survey)
+    sheets[N3]["active"]["token"] = "not written: Read-only file system"
+    sheets[N1]["active"]["shared"][N3] = False
+    sheets[N2]["active"]["shared"][N3] = False
+    assert resources.check_shared_storage(reparsed(survey, sheets)) == []
+    sheets[N1]["active"]["shared"][N2] = False
     finding = expect_one(
-        resources.check_shared_storage(survey),
+        resources.check_shared_storage(reparsed(survey, sheets)),
         "shared-dir-missing",
         Severity.INFO,
         (N1, N2, N3),
@@ -167,7 +178,9 @@ def test_shared_storage_ignores_nodes_that_wrote_no_token(survey):
 
 
 def test_small_shm(survey):
-    survey.facts[N2]["shm"] = {"total": 64 << 20, "free": 64 << 20}
+    sheets = sheets_of(survey)
+    sheets[N2]["shm"] = {"total": 64 << 20, "free": 64 << 20}
+    survey = reparsed(survey, sheets)
     expect_one(
         resources.check_shm(survey),
         "shm-small",
@@ -179,7 +192,9 @@ def test_small_shm(survey):
 
 
 def test_low_disk(survey):
-    survey.facts[N3]["workdir"]["disk"]["free"] = 5 * GIB
+    sheets = sheets_of(survey)
+    sheets[N3]["workdir"]["disk"]["free"] = 5 * GIB
+    survey = reparsed(survey, sheets)
     expect_one(
         resources.check_disk(survey),
         "disk-low",
@@ -190,22 +205,25 @@ def test_low_disk(survey):
 
 
 def test_infiniband_with_limited_memlock(survey):
-    survey.facts[N1]["infiniband"] = {"mlx5_0": {"1": {"state": "4: ACTIVE", "link_layer": "IB"}}}
+    sheets = sheets_of(survey)
+    sheets[N1]["infiniband"] = {"mlx5_0": {"1": {"state": "4: ACTIVE", "link_layer": "IB"}}}
     expect_one(
-        resources.check_memlock(survey),
+        resources.check_memlock(reparsed(survey, sheets)),
         "ib-memlock",
         Severity.ERROR,
         (N1,),
         evidence=["8388608"],
         fix=["memlock"],
     )
-    survey.facts[N1]["limits"]["memlock"] = None  # unlimited
-    assert resources.check_memlock(survey) == []
+    sheets[N1]["limits"]["memlock"] = None  # unlimited
+    assert resources.check_memlock(reparsed(survey, sheets)) == []
 
 
 def test_fewer_gpus_than_slots(tmp_path):
     survey = make_survey(tmp_path, slots={N2: 2})
-    survey.facts[N2]["gpus"] = {"devices": [{"index": 0, "name": "H100"}], "processes": []}
+    sheets = sheets_of(survey)
+    sheets[N2]["gpus"] = {"devices": [{"index": 0, "name": "H100"}], "processes": []}
+    survey = reparsed(survey, sheets)
     expect_one(
         resources.check_gpus(survey),
         "gpu-count-mismatch",
@@ -217,8 +235,10 @@ def test_fewer_gpus_than_slots(tmp_path):
 
 
 def test_gpus_held_by_leftover_processes(survey):
+    sheets = sheets_of(survey)
     process = {"pid": "4242", "name": "python", "used_mib": "10240", "gpu": "GPU-1"}
-    survey.facts[N3]["gpus"] = {"devices": [{"index": 0, "name": "H100"}], "processes": [process]}
+    sheets[N3]["gpus"] = {"devices": [{"index": 0, "name": "H100"}], "processes": [process]}
+    survey = reparsed(survey, sheets)
     expect_one(
         resources.check_gpus(survey),
         "gpu-busy",
@@ -230,9 +250,11 @@ def test_gpus_held_by_leftover_processes(survey):
 
 
 def test_clock_skew(survey):
+    sheets = sheets_of(survey)
     started, finished = window()
-    survey.facts[N2]["time"] += 10.0
-    skew = survey.facts[N2]["time"] - finished
+    sheets[N2]["time"] += 10.0
+    skew = sheets[N2]["time"] - finished
+    survey = reparsed(survey, sheets)
     expect_one(
         resources.check_clocks(survey, started, finished),
         "clock-skew",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from doctor_fixtures import make_survey
+from doctor_fixtures import make_survey, reparsed, sheets_of
 
 from trainfleet.doctor import collective
 from trainfleet.remote import Failure, NodeResult
@@ -13,18 +13,21 @@ pytestmark = pytest.mark.unit
 
 def test_runs_only_in_full_mode_with_torch_on_every_examined_node(tmp_path):
     survey = make_survey(tmp_path)
+    sheets = sheets_of(survey)
     assert collective.should_run(survey)
     survey.quick = True
     assert not collective.should_run(survey)
     survey.quick = False
-    survey.facts["gpu-node-3"]["packages"]["torch"] = None
-    survey.facts["gpu-node-3"].pop("imports", None)
-    assert not collective.should_run(survey)
+    sheets["gpu-node-3"]["packages"]["torch"] = None
+    sheets["gpu-node-3"].pop("imports", None)
+    assert not collective.should_run(reparsed(survey, sheets))
 
 
 def test_not_run_when_a_node_was_not_examined(tmp_path):
     survey = make_survey(tmp_path)
-    del survey.facts["gpu-node-2"]
+    sheets = sheets_of(survey)
+    del sheets["gpu-node-2"]
+    survey = reparsed(survey, sheets)
     assert not collective.should_run(survey)
 
 

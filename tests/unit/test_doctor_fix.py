@@ -7,7 +7,7 @@ import stat
 import subprocess
 
 import pytest
-from doctor_fixtures import make_survey, window, with_id
+from doctor_fixtures import make_survey, reparsed, sheets_of, window, with_id
 
 from trainfleet.cluster import load_cluster, parse_cluster_yaml
 from trainfleet.doctor import DoctorReport, node_summaries
@@ -164,10 +164,12 @@ def test_an_interface_name_a_node_reports_is_never_written_unless_it_is_one(tmp_
     launch (#17)."""
     evil = "ens14f1\n    env: {LD_PRELOAD: /tmp/x.so}"
     survey = make_survey(tmp_path, env=ONE_IFACE_FOR_ALL)
-    for entry in survey.facts[N2]["interfaces"]:
+    sheets = sheets_of(survey)
+    for entry in sheets[N2]["interfaces"]:
         if entry["name"] == "ens14f1":
             entry["name"] = evil
-    survey.facts[N2]["route_to_master"]["dev"] = evil
+    sheets[N2]["route_to_master"]["dev"] = evil
+    survey = reparsed(survey, sheets)
     report = _report(survey)
     here = tmp_path / "elsewhere"
     here.mkdir()
@@ -183,10 +185,12 @@ def test_an_interface_name_a_node_reports_is_never_written_unless_it_is_one(tmp_
 
 def test_a_pinned_interface_that_is_not_the_route_to_the_master_is_a_warning(tmp_path):
     survey = make_survey(tmp_path)
-    survey.facts[N2]["interfaces"].append(
+    sheets = sheets_of(survey)
+    sheets[N2]["interfaces"].append(
         {"name": "ens9", "up": True, "ipv4": ["192.168.5.2/24"], "mtu": 1500}
     )
     text = (tmp_path / "cluster.yaml").read_text()
+    survey = reparsed(survey, sheets)
     survey.cluster = parse_cluster_yaml(pin_interfaces(text, "c", {N2: "ens9"}), "c")
     findings = with_id(network.check_interfaces(survey), "iface-wrong")
     assert [(f.nodes, f.severity) for f in findings] == [((N2,), Severity.WARNING)]

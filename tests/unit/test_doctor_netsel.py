@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from doctor_fixtures import facts_of
 
 from trainfleet.doctor import netsel
+from trainfleet.doctor.facts import Interface
 from trainfleet.doctor.findings import Finding, Severity, merge
 
 pytestmark = pytest.mark.unit
@@ -14,7 +16,12 @@ def _iface(name: str, ipv4: list[str] | None = None, up: bool = True) -> dict:
     return {"name": name, "up": up, "ipv4": ipv4 if ipv4 is not None else ["10.0.0.1/24"]}
 
 
-IFACES = [
+def _parsed(*ifaces: dict) -> tuple[Interface, ...]:
+    """Interfaces as a fact sheet lists them, parsed as collect parses a node's sheet."""
+    return facts_of({"interfaces": list(ifaces)}).interfaces
+
+
+IFACES_JSON = [
     _iface("lo", ["127.0.0.1/8"]),
     _iface("docker0", ["172.17.0.1/16"]),
     _iface("ens14f0", ["10.0.0.11/24"]),
@@ -22,6 +29,7 @@ IFACES = [
     _iface("ens14f2", []),  # no address
     _iface("ens14f10", ["10.0.2.11/24"]),
 ]
+IFACES = _parsed(*IFACES_JSON)
 
 
 @pytest.mark.parametrize(
@@ -54,12 +62,13 @@ def test_nccl_socket_ifname_semantics(value, expected):
     ],
 )
 def test_nccl_default_order(names, expected):
-    assert netsel.nccl_default([_iface(n) for n in names]) == expected
+    assert netsel.nccl_default(_parsed(*(_iface(n) for n in names))) == expected
 
 
 def test_nccl_default_skips_unusable_interfaces():
-    assert netsel.nccl_default([_iface("ib0", []), _iface("eth0", up=False), _iface("lo")]) == "lo"
-    assert netsel.nccl_default([_iface("eth0", up=False)]) is None
+    unusable = _parsed(_iface("ib0", []), _iface("eth0", up=False), _iface("lo"))
+    assert netsel.nccl_default(unusable) == "lo"
+    assert netsel.nccl_default(_parsed(_iface("eth0", up=False))) is None
 
 
 def test_gloo_takes_exact_usable_names():
@@ -70,17 +79,22 @@ def test_gloo_takes_exact_usable_names():
 
 
 def test_chosen_interface_on_the_master_is_the_one_holding_its_address():
-    facts = {"interfaces": IFACES, "route_to_master": {"dev": "lo", "src": "10.0.2.11"}}
+    facts = facts_of(
+        {"interfaces": IFACES_JSON, "route_to_master": {"dev": "lo", "src": "10.0.2.11"}}
+    )
     assert netsel.chosen_interface(facts, "10.0.2.11") == "ens14f10"
     assert netsel.chosen_interface(facts, "192.0.2.1") == "lo"  # address held nowhere
 
 
 def test_chosen_interface_elsewhere_is_the_route_device():
-    facts = {"interfaces": IFACES, "route_to_master": {"dev": "ens14f0", "src": "10.0.0.11"}}
+    facts = facts_of(
+        {"interfaces": IFACES_JSON, "route_to_master": {"dev": "ens14f0", "src": "10.0.0.11"}}
+    )
     assert netsel.chosen_interface(facts, "10.0.0.12") == "ens14f0"
-    assert netsel.chosen_interface({"interfaces": IFACES, "route_to_master": None}, "x") is None
+    no_route = facts_of({"interfaces": IFACES_JSON, "route_to_master": None})
+    assert netsel.chosen_interface(no_route, "x") is None
     broken = {"interfaces": {"error": "ip: not found"}, "route_to_master": {"dev": "eth0"}}
-    assert netsel.chosen_interface(broken, "10.0.0.12") is None
+    assert netsel.chosen_interface(facts_of(broken), "10.0.0.12") is None
 
 
 def test_subnet_and_virtual():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from doctor_fixtures import NODES, expect_one, make_survey, stub_which, window
+from doctor_fixtures import NODES, expect_one, make_survey, reparsed, sheets_of, stub_which, window
 
 from trainfleet import doctor
 from trainfleet.doctor import DoctorReport, node_summaries
@@ -58,16 +58,19 @@ def test_healthy_node_summaries(tmp_path):
 
 def test_gloo_default_on_a_loopback_hostname(tmp_path):
     survey = make_survey(tmp_path)
-    survey.facts[N2]["resolve"][N2] = {"addresses": ["127.0.1.1"]}
+    sheets = sheets_of(survey)
+    sheets[N2]["resolve"][N2] = {"addresses": ["127.0.1.1"]}
+    survey = reparsed(survey, sheets)
     assert node_summaries(survey)[N2]["gloo_default"] == "127.0.1.1 (loopback!)"
 
 
 def test_exit_code_is_one_with_an_error_and_zero_with_warnings(tmp_path):
     survey = make_survey(tmp_path)
-    survey.facts[N3]["shm"]["total"] = 1 << 20
-    assert _report(survey).exit_code == 0
-    survey.facts[N3]["code"]["sha256"] = "f" * 64
-    report = _report(survey)
+    sheets = sheets_of(survey)
+    sheets[N3]["shm"]["total"] = 1 << 20
+    assert _report(reparsed(survey, sheets)).exit_code == 0
+    sheets[N3]["code"]["sha256"] = "f" * 64
+    report = _report(reparsed(survey, sheets))
     assert [f.id for f in report.findings] == ["code-differs", "shm-small"]
     assert report.exit_code == 1
 
@@ -149,7 +152,9 @@ def test_json_shape(tmp_path):
 
 def test_render(tmp_path):
     survey = _unreachable(tmp_path)
-    survey.facts[N1]["imports"] = {"torch_error": "ImportError: libtorch_cuda.so"}
+    sheets = sheets_of(survey)
+    sheets[N1]["imports"] = {"torch_error": "ImportError: libtorch_cuda.so"}
+    survey = reparsed(survey, sheets)
     report = _report(survey)
     expect_one(report.findings, "torch-missing", Severity.ERROR, (N1,))
     text = render(report)
@@ -163,9 +168,11 @@ def test_render(tmp_path):
 
 def test_render_folds_node_names(tmp_path):
     survey = make_survey(tmp_path)
-    for facts in survey.facts.values():
+    sheets = sheets_of(survey)
+    for facts in sheets.values():
         facts["packages"]["torch"] = None
         facts["imports"] = {"skipped": "no torch or deepspeed installed"}
+    survey = reparsed(survey, sheets)
     text = render(_report(survey))
     assert "1 warning" in text and "WARNING torch-missing  [gpu-node-[1-3]]" in text
     assert "\n  fix: install the training environment" in text

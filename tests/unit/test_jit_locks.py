@@ -14,7 +14,15 @@ import time
 from pathlib import Path
 
 import pytest
-from doctor_fixtures import expect_one, make_survey, stub_which, window, with_id
+from doctor_fixtures import (
+    expect_one,
+    make_survey,
+    reparsed,
+    sheets_of,
+    stub_which,
+    window,
+    with_id,
+)
 
 from trainfleet import probe
 from trainfleet.doctor import DoctorReport, node_summaries
@@ -139,8 +147,10 @@ def _lock(path: str, age_s: float, busy: list[int] | None = None) -> dict:
 
 
 def test_doctor_names_the_stale_lock_on_its_node_and_its_fix(survey):
-    survey.facts[N2]["jit_locks"] = [_lock("/scratch/ext/fused_adam/lock", 1800.0)]
-    survey.facts[N1]["jit_locks"] = [_lock("/root/.cache/torch_extensions/py311_cpu/x/lock", 5)]
+    sheets = sheets_of(survey)
+    sheets[N2]["jit_locks"] = [_lock("/scratch/ext/fused_adam/lock", 1800.0)]
+    sheets[N1]["jit_locks"] = [_lock("/root/.cache/torch_extensions/py311_cpu/x/lock", 5)]
+    survey = reparsed(survey, sheets)
     expect_one(
         software.check_jit_locks(survey),
         "jit-lock-stale",
@@ -152,10 +162,12 @@ def test_doctor_names_the_stale_lock_on_its_node_and_its_fix(survey):
 
 
 def test_one_lock_on_shared_storage_is_one_finding_naming_every_node(survey):
+    sheets = sheets_of(survey)
     shared = "/home/u/.cache/torch_extensions/py311_cu121/fused_adam/lock"
-    survey.facts[N1]["jit_locks"] = [_lock(shared, 600.0)]
-    survey.facts[N2]["jit_locks"] = [_lock(shared, 600.0)]
+    sheets[N1]["jit_locks"] = [_lock(shared, 600.0)]
+    sheets[N2]["jit_locks"] = [_lock(shared, 600.0)]
     started, finished = window()
+    survey = reparsed(survey, sheets)
     expect_one(
         run_checks(survey, started=started, finished=finished),
         "jit-lock-stale",
@@ -166,9 +178,11 @@ def test_one_lock_on_shared_storage_is_one_finding_naming_every_node(survey):
 
 
 def test_a_lock_held_on_another_node_sharing_the_path_is_not_stale(survey):
+    sheets = sheets_of(survey)
     shared = "/home/u/.cache/torch_extensions/py311_cu121/fused_adam/lock"
-    survey.facts[N1]["jit_locks"] = [_lock(shared, 600.0, busy=[4242])]
-    survey.facts[N2]["jit_locks"] = [_lock(shared, 600.0)]
+    sheets[N1]["jit_locks"] = [_lock(shared, 600.0, busy=[4242])]
+    sheets[N2]["jit_locks"] = [_lock(shared, 600.0)]
+    survey = reparsed(survey, sheets)
     assert software.check_jit_locks(survey) == []
 
 
@@ -184,15 +198,19 @@ def test_a_lock_held_on_another_node_sharing_the_path_is_not_stale(survey):
     ],
 )
 def test_a_malformed_report_is_not_a_finding_and_not_a_fix(survey, report):
-    survey.facts[N2]["jit_locks"] = report
+    sheets = sheets_of(survey)
+    sheets[N2]["jit_locks"] = report
+    survey = reparsed(survey, sheets)
     assert software.check_jit_locks(survey) == []
     assert software.stale_jit_locks(survey) == []
 
 
 def test_fix_plans_the_removal_on_the_node_with_its_extensions_dir(survey):
+    sheets = sheets_of(survey)
     path = "/scratch/ext/fused_adam/lock"
-    survey.facts[N2]["jit_locks"] = [_lock(path, 1800.0)]
+    sheets[N2]["jit_locks"] = [_lock(path, 1800.0)]
     started, finished = window()
+    survey = reparsed(survey, sheets)
     report = DoctorReport(
         findings=run_checks(survey, started=started, finished=finished),
         nodes=node_summaries(survey),

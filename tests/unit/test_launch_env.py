@@ -13,7 +13,7 @@ from trainfleet.cluster import load_cluster, parse_cluster_yaml
 from trainfleet.errors import SpecError, TrainfleetError
 from trainfleet.launch.deepspeed import plan_deepspeed, render_deepspeed
 from trainfleet.launch.environment import ifname_matches, parse_deepspeed_env
-from trainfleet.launch.plan import LaunchOptions, NodeFacts, plan_launch, render_plan
+from trainfleet.launch.plan import LaunchFacts, LaunchOptions, plan_launch, render_plan
 
 pytestmark = pytest.mark.unit
 
@@ -25,8 +25,8 @@ nodes:
     env: {NCCL_DEBUG: WARN}
 """
 FACTS = {
-    "gpu-node-1": NodeFacts(interface="ens14f0", gpus=0),
-    "gpu-node-2": NodeFacts(interface="ens14f1", gpus=0),
+    "gpu-node-1": LaunchFacts(interface="ens14f0", gpus=0),
+    "gpu-node-2": LaunchFacts(interface="ens14f1", gpus=0),
 }
 
 
@@ -200,7 +200,7 @@ def test_deepspeed_backend_on_one_local_node_puts_trainfleets_variables_in_the_r
     so the ranks inherit the runner's environment."""
     home, cwd = dirs
     cluster = load_cluster(hosts="localhost:2")
-    plan = _ds_plan(cluster, home, cwd, {}, facts={"localhost": NodeFacts(gpus=0)})
+    plan = _ds_plan(cluster, home, cwd, {}, facts={"localhost": LaunchFacts(gpus=0)})
     assert "--force_multi" not in plan.argv
     assert plan.env["TRAINFLEET_RUN_ID"] == "r1"
     assert plan.env["TRAINFLEET_NODE_ENV"] == "/tmp/trainfleet-r1/node_env.json"
@@ -225,12 +225,12 @@ def test_a_slot_beyond_a_nodes_gpus_stops_the_launch_naming_the_node(tmp_path):
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("gpu-node-1 slots=8\ngpu-node-2 slots=8\n")
     cluster = load_cluster(hostfile=str(hostfile))
-    facts = {"gpu-node-1": NodeFacts(gpus=8), "gpu-node-2": NodeFacts(gpus=4)}
+    facts = {"gpu-node-1": LaunchFacts(gpus=8), "gpu-node-2": LaunchFacts(gpus=4)}
     with pytest.raises(TrainfleetError) as err:
         check_slots(cluster, facts)
     assert "gpu-node-2 has 4 GPU(s) (0-3), but its slots name GPU 4" in str(err.value)
     assert "slots=4" in err.value.fix
-    check_slots(cluster, {"gpu-node-1": NodeFacts(gpus=8), "gpu-node-2": NodeFacts(gpus=0)})
+    check_slots(cluster, {"gpu-node-1": LaunchFacts(gpus=8), "gpu-node-2": LaunchFacts(gpus=0)})
     check_slots(load_cluster(hostfile=str(hostfile), num_gpus=4), facts)
 
 

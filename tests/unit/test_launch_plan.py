@@ -7,8 +7,8 @@ import pytest
 from trainfleet.cluster import load_cluster, parse_cluster_yaml
 from trainfleet.errors import TrainfleetError
 from trainfleet.launch.plan import (
+    LaunchFacts,
     LaunchOptions,
-    NodeFacts,
     choose_master_port,
     masked,
     masked_argv,
@@ -31,8 +31,8 @@ nodes:
     env: {NCCL_IB_HCA: mlx5, WANDB_API_KEY: secret123}
 """
 FACTS = {
-    "gpu-node-1": NodeFacts(interface="ens14f0", gpus=2),
-    "gpu-node-2": NodeFacts(interface="ens14f1", gpus=0),
+    "gpu-node-1": LaunchFacts(interface="ens14f0", gpus=2),
+    "gpu-node-2": LaunchFacts(interface="ens14f1", gpus=0),
 }
 LAUNCH_ENV = {
     "PATH": "/opt/conda/envs/train/bin:/usr/bin",
@@ -140,7 +140,7 @@ def test_a_pinned_interface_wins_and_an_include_with_gpu_ids_sets_visible_device
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("a slots=4\nb slots=4\n")
     cluster = load_cluster(hostfile=str(hostfile), include="a:1,3@b")
-    plan = _plan(cluster, facts={"a": NodeFacts(interface="eth1", gpus=4)})
+    plan = _plan(cluster, facts={"a": LaunchFacts(interface="eth1", gpus=4)})
     a, b = plan.nodes
     assert a.env["GLOO_SOCKET_IFNAME"] == a.env["NCCL_SOCKET_IFNAME"] == "eth1"
     assert "GLOO_SOCKET_IFNAME" not in b.env  # no interface known for b: none set
@@ -169,7 +169,7 @@ def test_a_busy_master_port_moves_to_the_next_free_one_and_says_so():
     assert choose_master_port(29500, (22, 8080)) == (29500, None)
     port, note = choose_master_port(29500, (29500, 29501))
     assert port == 29502 and "29500 is taken" in note and "using 29502" in note
-    facts = {**FACTS, "gpu-node-1": NodeFacts(interface="ens14f0", gpus=2, listening=(29500,))}
+    facts = {**FACTS, "gpu-node-1": LaunchFacts(interface="ens14f0", gpus=2, listening=(29500,))}
     plan = _plan(parse_cluster_yaml(CLUSTER, "cluster.yaml"), facts=facts)
     assert plan.master_port == 29501 and plan.notes
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from doctor_fixtures import facts_of
 
 from trainfleet.setup.env import parse_login, plan_node_env
 
@@ -19,7 +20,7 @@ def _facts(**extra):
         "gpus": {"devices": []},
     }
     facts.update(extra)
-    return facts
+    return facts_of(facts)
 
 
 def test_login_output_is_read_from_marked_lines_only():

@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from doctor_fixtures import make_survey
+from doctor_fixtures import facts_of, make_survey, reparsed, sheets_of
 
 from trainfleet.cluster import load_cluster
+from trainfleet.doctor.facts import Firewall
 from trainfleet.errors import SetupError
 from trainfleet.remote import Failure, NodeResult
 from trainfleet.setup import firewall, fwapply, fwstate
@@ -87,21 +88,27 @@ def test_one_rule_per_peer_and_never_a_disable():
             assert "disable" not in words and "-F" not in rule.apply and "flush" not in words
 
 
+def _fw(sheet: dict) -> Firewall:
+    """A node's `firewall` facts, parsed as collect parses its fact sheet."""
+    return facts_of({"firewall": sheet}).firewall
+
+
 def test_which_firewall_is_active():
-    assert firewall.active_backends({"ufw": {"rc": 0, "out": "Status: active\n"}}) == ["ufw"]
-    assert firewall.active_backends({"firewalld": {"rc": 0, "out": "running\n"}}) == ["firewalld"]
+    assert firewall.active_backends(_fw({"ufw": {"rc": 0, "out": "Status: active\n"}})) == ["ufw"]
+    firewalld = _fw({"firewalld": {"rc": 0, "out": "running\n"}})
+    assert firewall.active_backends(firewalld) == ["firewalld"]
     iptables = {"iptables": {"rc": 0, "out": IPTABLES_DROP}}
-    assert firewall.active_backends(iptables) == ["iptables"]
-    both = {**iptables, "nft": {"rc": 0, "out": NFT_RULESET}}
+    assert firewall.active_backends(_fw(iptables)) == ["iptables"]
+    both = _fw({**iptables, "nft": {"rc": 0, "out": NFT_RULESET}})
     assert firewall.active_backends(both) == ["iptables", "nftables"]
     # iptables-nft's own table is left to iptables; only the other filtering chain is opened
     assert firewall.nft_chains_to_open(both, skip_iptables=True) == [
         firewall.NftChain("inet", "filter", "input", True)
     ]
     nothing = {"iptables": {"rc": 0, "out": "-P INPUT ACCEPT\n"}, "nft": {"rc": 0, "out": ""}}
-    assert firewall.active_backends(nothing) == []
+    assert firewall.active_backends(_fw(nothing)) == []
     not_root = {"iptables": {"rc": 4, "out": "", "err": "Permission denied (you must be root)"}}
-    assert firewall.active_backends(not_root) == []
+    assert firewall.active_backends(_fw(not_root)) == []
 
 
 def test_nft_ruleset_parsing_finds_input_base_chains():
@@ -116,7 +123,9 @@ def test_nft_ruleset_parsing_finds_input_base_chains():
 
 def test_plan_rules_opens_the_blocked_node_to_its_peers_data_addresses(tmp_path):
     survey = make_survey(tmp_path)
-    survey.facts["gpu-node-1"]["firewall"] = {"iptables": {"rc": 0, "out": IPTABLES_DROP}}
+    sheets = sheets_of(survey)
+    sheets["gpu-node-1"]["firewall"] = {"iptables": {"rc": 0, "out": IPTABLES_DROP}}
+    survey = reparsed(survey, sheets)
     rules, notes = fwapply.plan_rules(survey, ["gpu-node-1", "gpu-node-2"], zones={})
     assert [r.text.split(" -s ")[1].split()[0] for r in rules["gpu-node-1"]] == [
         "10.213.207.12/32",
@@ -267,16 +276,17 @@ def test_revert_without_a_state_file_says_so(tmp_path):
 
 def test_what_a_node_reports_never_becomes_a_rule_for_any_address(tmp_path):
     survey = make_survey(tmp_path)
-    survey.facts["gpu-node-1"]["firewall"] = {"iptables": {"rc": 0, "out": IPTABLES_DROP}}
-    for entry in survey.facts["gpu-node-3"]["interfaces"]:
+    sheets = sheets_of(survey)
+    sheets["gpu-node-1"]["firewall"] = {"iptables": {"rc": 0, "out": IPTABLES_DROP}}
+    for entry in sheets["gpu-node-3"]["interfaces"]:
         entry["ipv4"] = ["0.0.0.0/0"]
-    rules, notes = fwapply.plan_rules(survey, ["gpu-node-1"], zones={})
+    rules, notes = fwapply.plan_rules(reparsed(survey, sheets), ["gpu-node-1"], zones={})
     assert [r.peer for r in rules["gpu-node-1"]] == ["10.213.207.12"]
     assert any("gpu-node-3 reports '0.0.0.0'" in n for n in notes), notes
     # no interface with a route: a note, never `-i None`
-    survey.facts["gpu-node-1"]["interfaces"] = []
-    survey.facts["gpu-node-1"]["route_to_master"] = {}
-    rules, notes = fwapply.plan_rules(survey, ["gpu-node-1"], zones={})
+    sheets["gpu-node-1"]["interfaces"] = []
+    sheets["gpu-node-1"]["route_to_master"] = {}
+    rules, notes = fwapply.plan_rules(reparsed(survey, sheets), ["gpu-node-1"], zones={})
     assert rules == {} and "no rule for it" in notes[-1]
 
 

@@ -6,6 +6,7 @@ import os
 
 import pytest
 import yaml
+from doctor_fixtures import facts_of
 
 from trainfleet.cluster import load_cluster, parse_cluster_yaml, parse_hostfile
 from trainfleet.setup import clusterdoc
@@ -13,8 +14,8 @@ from trainfleet.setup.hostfile import hostfile_text, slots_for
 
 pytestmark = pytest.mark.unit
 
-GPUS = {"gpus": {"devices": [{"index": i} for i in range(8)]}}
-CPU = {"gpus": {"error": "nvidia-smi not found"}}
+GPUS = facts_of({"gpus": {"devices": [{"index": i} for i in range(8)]}})
+CPU = facts_of({"gpus": {"error": "nvidia-smi not found"}})
 
 
 def test_hostfile_text_reads_back_as_deepspeed_reads_it():

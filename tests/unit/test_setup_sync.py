@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from doctor_fixtures import facts_of
 
 from trainfleet.cluster import Node, SshOptions
 from trainfleet.errors import SetupError
@@ -19,7 +20,7 @@ pytestmark = pytest.mark.unit
 
 
 def _facts(sha, shared=()):
-    return {"code": {"sha256": sha}, "active": {"shared": {p: True for p in shared}}}
+    return facts_of({"code": {"sha256": sha}, "active": {"shared": {p: True for p in shared}}})
 
 
 def test_nodes_with_this_machines_code_are_left_alone():

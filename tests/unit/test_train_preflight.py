@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from doctor_fixtures import facts_of
 
 from trainfleet.plan.memory import TrainSetup
 from trainfleet.plan.model import ModelShape
@@ -21,7 +22,7 @@ GIB = 2**30
 def _facts(mem_available: dict[str, int], gpu_gib: int | None = 96, gpus: int = 8) -> dict:
     devices = [{"name": "NVIDIA H20", "memory_mib": gpu_gib * 1024}] * gpus if gpu_gib else []
     return {
-        host: {"memory": {"MemAvailable": available}, "gpus": {"devices": devices}}
+        host: facts_of({"memory": {"MemAvailable": available}, "gpus": {"devices": devices}}, host)
         for host, available in mem_available.items()
     }
 

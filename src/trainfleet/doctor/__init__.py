@@ -22,6 +22,7 @@ from trainfleet.doctor.checks import run_checks
 from trainfleet.doctor.checks.network import LOOPBACK_PREFIXES, chosen_interfaces
 from trainfleet.doctor.checks.software import node_versions, python_missing
 from trainfleet.doctor.collect import Survey, collect
+from trainfleet.doctor.facts import NodeFacts, Resolution
 from trainfleet.doctor.findings import Finding, Severity, merge
 from trainfleet.remote import Failure
 
@@ -57,10 +58,9 @@ class DoctorReport:
         }
 
 
-def _gloo_default(facts: dict) -> str:
+def _gloo_default(facts: NodeFacts) -> str:
     """What gloo binds when GLOO_SOCKET_IFNAME is unset: the hostname's address."""
-    resolved = facts.get("resolve", {}).get(facts.get("hostname", ""), {})
-    addresses = resolved.get("addresses") or []
+    addresses = facts.resolve.get(facts.hostname or "", Resolution()).addresses
     if not addresses:
         return "127.0.0.1 (hostname does not resolve: loopback fallback)"
     first = addresses[0]
@@ -85,17 +85,17 @@ def node_summaries(survey: Survey) -> dict[str, dict]:
         chosen = interfaces[host]
         summaries[host] = {
             "reachable": True,
-            "hostname": facts.get("hostname"),
+            "hostname": facts.hostname,
             "address": survey.addresses.get(host),
             "interface": chosen,
             "subnet": netsel.subnet_of(chosen, ifaces),
             "nccl_default": netsel.nccl_default(ifaces),
             "gloo_default": _gloo_default(facts),
-            "python": facts.get("python", {}).get("executable"),
+            "python": facts.python.executable,
             "versions": node_versions(facts),
-            "gpus": len((facts.get("gpus") or {}).get("devices") or []),
+            "gpus": len(facts.gpus.devices) if facts.gpus else 0,
             "slots": node.slots,
-            "probe_seconds": facts.get("seconds"),
+            "probe_seconds": facts.seconds,
         }
     return summaries
 

@@ -2,7 +2,7 @@
 
     >>> from trainfleet.cluster import load_cluster
     >>> survey = collect(load_cluster(), quick=True)  # doctest: +SKIP
-    >>> survey.facts["localhost"]["hostname"]  # doctest: +SKIP
+    >>> survey.facts["localhost"].hostname  # doctest: +SKIP
 
 The launch node decides everything the probes need before they start (each node's address as
 ssh resolves it, the random ports each node listens on, the ssh command each node uses for each
@@ -11,7 +11,6 @@ peer), so that the probes never have to talk to each other through the launch no
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import secrets
@@ -20,6 +19,7 @@ from dataclasses import dataclass, field, replace
 
 from trainfleet import probe
 from trainfleet.cluster import Cluster, Node
+from trainfleet.doctor.facts import FactSheetError, NodeFacts, read_fact_sheet
 from trainfleet.remote import Failure, NodeResult, run_on_nodes, ssh_hostnames, ssh_options
 
 EPHEMERAL_PORTS = (40000, 60000)
@@ -49,9 +49,11 @@ class Survey:
     """Each node's address as the launch node resolves it (ssh's HostName)."""
     master_addr: str | None
     ports: dict[str, list[int]]
-    facts: dict[str, dict] = field(default_factory=dict)
+    facts: dict[str, NodeFacts] = field(default_factory=dict)
+    """Each node's fact sheet, parsed (`doctor/facts.py`)."""
     failed: dict[str, NodeResult] = field(default_factory=dict)
-    """Nodes whose probe did not run or did not answer with a fact sheet."""
+    """Nodes whose probe did not run or did not answer with a fact sheet this trainfleet reads
+    (then a COMMAND_FAILED result whose stderr says why, naming the node and the fix)."""
     quick: bool = False
     launch_env: dict[str, str] = field(default_factory=dict)
 
@@ -174,23 +176,24 @@ def collect(
         budget += PROBE_SECONDS_PER_NODE * len(cluster.nodes)
     results = run_on_nodes(cluster.nodes, argv, stdin=payloads, timeout=budget)
     for node, result in zip(cluster.nodes, results, strict=True):
-        facts = _fact_sheet(result) if result.ok else None
-        if facts is None:
-            survey.failed[node.host] = result
-        else:
+        facts = _fact_sheet(result)
+        if isinstance(facts, NodeFacts):
             survey.facts[node.host] = facts
+        else:
+            survey.failed[node.host] = facts
     _remove_tokens(cluster, results, params)
     return survey
 
 
-def _fact_sheet(result: NodeResult) -> dict | None:
-    for line in reversed(result.stdout.splitlines()):
-        if line.startswith("{"):
-            try:
-                return json.loads(line)
-            except ValueError:
-                return None
-    return None
+def _fact_sheet(result: NodeResult) -> NodeFacts | NodeResult:
+    """The node's facts, parsed once here; else the result to report: as it came when the probe
+    did not succeed, or as a failed command saying why its answer is no fact sheet."""
+    if not result.ok:
+        return result
+    try:
+        return read_fact_sheet(result.stdout, node=result.node)
+    except FactSheetError as exc:
+        return replace(result, failure=Failure.COMMAND_FAILED, stderr=str(exc))
 
 
 PROBE_RAN = (Failure.NONE, Failure.TIMED_OUT, Failure.COMMAND_FAILED)

@@ -198,8 +198,8 @@ def _unknown_keys(report: DoctorReport) -> list[tuple[str, str, str, str]]:
             known = survey.cluster.node(host).ssh.known_hosts_file or DEFAULT_KNOWN_HOSTS
             found.append((THIS_MACHINE, known, name, host))
     for src, facts in survey.facts.items():
-        for dst, outcome in facts.get("active", {}).get("ssh", {}).items():
-            name = unknown_key_name(outcome.get("stderr", ""))
+        for dst, outcome in facts.active.ssh.items():
+            name = unknown_key_name(outcome.stderr)
             if name and dst not in survey.failed:
                 known = survey.cluster.node(dst).ssh.known_hosts_file or DEFAULT_KNOWN_HOSTS
                 found.append((src, known, name, dst))
@@ -350,7 +350,7 @@ def plan_jit_locks(report: DoctorReport, plan: FixPlan) -> None:
         return
     by_node: dict[str, list[str]] = {}
     for host, lock in stale_jit_locks(report.survey):
-        by_node.setdefault(host, []).append(lock["path"])
+        by_node.setdefault(host, []).append(lock.path)
     for host, paths in by_node.items():
         extensions_dir = report.survey.cluster.node(host).env.get("TORCH_EXTENSIONS_DIR")
         plan.jit_locks.append(JitLockFix(node=host, paths=paths, extensions_dir=extensions_dir))

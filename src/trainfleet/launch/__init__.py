@@ -34,7 +34,7 @@ from trainfleet.errors import TrainfleetError
 from trainfleet.files import write_private
 from trainfleet.launch import deepspeed, ssh, stacks
 from trainfleet.launch.backend import LaunchBackend, Plan
-from trainfleet.launch.plan import LaunchOptions, LaunchPlan, NodeFacts, masked, masked_argv
+from trainfleet.launch.plan import LaunchFacts, LaunchOptions, LaunchPlan, masked, masked_argv
 from trainfleet.launch.supervisor import LaunchResult, RunState, supervise
 from trainfleet.remote import run_on_nodes
 
@@ -85,7 +85,7 @@ def new_run_id() -> str:
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
 
-def node_facts(report: DoctorReport) -> dict[str, NodeFacts]:
+def launch_facts(report: DoctorReport) -> dict[str, LaunchFacts]:
     survey = report.survey
     facts = {}
     for host, info in report.nodes.items():
@@ -93,13 +93,12 @@ def node_facts(report: DoctorReport) -> dict[str, NodeFacts]:
             continue
         listening: set[int] = set()
         if survey and host == survey.cluster.master:
-            sheet = survey.facts.get(host, {})
-            listening = {
-                e["port"] for e in listeners_besides_probe(sheet) if isinstance(e.get("port"), int)
-            }
+            sheet = survey.facts.get(host)
+            held = listeners_besides_probe(sheet) if sheet else []
+            listening = {e.port for e in held if e.port is not None}
             if any(f.id is FindingId.PORT_IN_USE for f in report.findings):  # doctor's verdict
                 listening.add(survey.cluster.master_port)
-        facts[host] = NodeFacts(
+        facts[host] = LaunchFacts(
             interface=info.get("interface"), gpus=info.get("gpus") or 0, listening=tuple(listening)
         )
     return facts
@@ -111,12 +110,12 @@ def blocking(report: DoctorReport) -> list:
     ]
 
 
-def check_slots(cluster: Cluster, facts: Mapping[str, NodeFacts]) -> None:
+def check_slots(cluster: Cluster, facts: Mapping[str, LaunchFacts]) -> None:
     """A slot beyond a node's GPUs (a hostfile's `slots=8` on a 4-GPU node, `-i node:5`) is an
     error before anything starts; DeepSpeed's runner would start the ranks and fail there.
     Nodes without GPUs run their ranks on CPU and are not checked."""
     for node in cluster.nodes:
-        gpus = facts.get(node.host, NodeFacts()).gpus
+        gpus = facts.get(node.host, LaunchFacts()).gpus
         beyond = [i for i in node.gpu_ids if gpus and i >= gpus]
         if beyond:
             raise TrainfleetError(
@@ -146,7 +145,7 @@ def prepare(
         raise TrainfleetError(
             f"cannot reach {', '.join(unreachable)}", "run `trainfleet doctor` for the cause"
         )
-    check_slots(cluster, node_facts(report))
+    check_slots(cluster, launch_facts(report))
     master_addr = options.master_addr or (report.survey.master_addr if report.survey else None)
     if not master_addr:
         raise TrainfleetError(
@@ -155,7 +154,7 @@ def prepare(
         )
     plan = backend_for(options.backend).plan(
         cluster,
-        node_facts(report),
+        launch_facts(report),
         options,
         master_addr=master_addr,
         launch_env=dict(os.environ),

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from trainfleet.cluster import Cluster
-    from trainfleet.launch.plan import LaunchOptions, NodeFacts
+    from trainfleet.launch.plan import LaunchFacts, LaunchOptions
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +76,7 @@ class LaunchBackend(Protocol):
     def plan(
         self,
         cluster: Cluster,
-        facts: Mapping[str, NodeFacts],
+        facts: Mapping[str, LaunchFacts],
         options: LaunchOptions,
         *,
         master_addr: str,

@@ -46,8 +46,8 @@ from trainfleet.launch.backend import Channel, ChannelLine
 from trainfleet.launch.environment import RUNNER_EXPORTS
 from trainfleet.launch.plan import (
     Backend,
+    LaunchFacts,
     LaunchOptions,
-    NodeFacts,
     env_lines,
     head_line,
     is_secret,
@@ -125,7 +125,7 @@ def _pdsh_ssh_args(cluster: Cluster) -> str:
 
 def plan_deepspeed(
     cluster: Cluster,
-    facts: Mapping[str, NodeFacts],
+    facts: Mapping[str, LaunchFacts],
     options: LaunchOptions,
     *,
     master_addr: str,
@@ -154,7 +154,7 @@ def plan_deepspeed(
     user = environment.user_env(launch_env, launch_cwd)
     table, first_rank, include = [], 0, []
     for node in cluster.nodes:
-        env, env_notes = node_env(cluster, node.host, facts.get(node.host, NodeFacts()), user)
+        env, env_notes = node_env(cluster, node.host, facts.get(node.host, LaunchFacts()), user)
         notes += env_notes
         # DeepSpeed's launch sets CUDA_VISIBLE_DEVICES from --include.
         env.drop("CUDA_VISIBLE_DEVICES")
@@ -170,7 +170,7 @@ def plan_deepspeed(
         include.append(f"{node.host}:{','.join(str(i) for i in node.gpu_ids)}")
         first_rank += node.slots
     node_dir = f"/tmp/trainfleet-{options.run_id}"
-    no_gpus = all(facts.get(n.host, NodeFacts()).gpus == 0 for n in cluster.nodes)
+    no_gpus = all(facts.get(n.host, LaunchFacts()).gpus == 0 for n in cluster.nodes)
     ds_env = {
         "TRAINFLEET_RUN_ID": options.run_id,
         "TRAINFLEET_RESTART": str(options.restart),
@@ -357,7 +357,7 @@ class DeepSpeedBackend:
     def plan(
         self,
         cluster: Cluster,
-        facts: Mapping[str, NodeFacts],
+        facts: Mapping[str, LaunchFacts],
         options: LaunchOptions,
         *,
         master_addr: str,

@@ -1,7 +1,7 @@
 """What a launch runs on each node: argv, environment, ranks. Pure: the same inputs give the
 same plan, which `--dry-run` prints and the supervisor executes.
 
-    >>> plan = plan_launch(cluster, NodeFacts.from_survey(survey), LaunchOptions(
+    >>> plan = plan_launch(cluster, launch_facts(report), LaunchOptions(
     ...     command=("train.py", "--lr", "1e-4")), launch_env=dict(os.environ))  # doctest: +SKIP
     >>> print(render_plan(plan))  # doctest: +SKIP
 
@@ -84,8 +84,9 @@ class LaunchOptions:
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
-class NodeFacts:
-    """What the plan needs to know about one node (from doctor's probe)."""
+class LaunchFacts:
+    """What the plan needs to know about one node: the few values `launch.launch_facts` takes
+    from the preflight doctor's report (its `NodeFacts`, doctor/facts.py, are the whole sheet)."""
 
     interface: str | None = None
     gpus: int = 0
@@ -183,10 +184,10 @@ def choose_master_port(requested: int, listening: tuple[int, ...]) -> tuple[int,
 
 
 def master_port(
-    cluster: Cluster, facts: Mapping[str, NodeFacts], options: LaunchOptions
+    cluster: Cluster, facts: Mapping[str, LaunchFacts], options: LaunchOptions
 ) -> tuple[int, list[str]]:
     """The port to use on the master (requested, or the first free one) and what to say."""
-    listening = facts.get(cluster.master, NodeFacts()).listening
+    listening = facts.get(cluster.master, LaunchFacts()).listening
     port, note = choose_master_port(options.master_port or cluster.master_port, listening)
     return port, [note] if note else []
 
@@ -204,7 +205,7 @@ UserEnv = list[tuple[str, dict[str, str]]]
 
 
 def node_env(
-    cluster: Cluster, host: str, facts: NodeFacts, user: UserEnv
+    cluster: Cluster, host: str, facts: LaunchFacts, user: UserEnv
 ) -> tuple[EnvBuilder, list[str]]:
     """The node's environment with each variable's source, and what to tell the user about it
     (a global interface variable that would not work on this node)."""
@@ -256,7 +257,7 @@ def torchrun_argv(
 
 def plan_launch(
     cluster: Cluster,
-    facts: Mapping[str, NodeFacts],
+    facts: Mapping[str, LaunchFacts],
     options: LaunchOptions,
     *,
     master_addr: str,
@@ -269,7 +270,7 @@ def plan_launch(
     nodes = []
     first_rank = 0
     for node_rank, node in enumerate(cluster.nodes):
-        env, env_notes = node_env(cluster, node.host, facts.get(node.host, NodeFacts()), user)
+        env, env_notes = node_env(cluster, node.host, facts.get(node.host, LaunchFacts()), user)
         notes += env_notes
         env.update(
             {

@@ -20,9 +20,9 @@ from trainfleet.launch import bootstrap, shim
 from trainfleet.launch.backend import Channel
 from trainfleet.launch.plan import (
     Backend,
+    LaunchFacts,
     LaunchOptions,
     LaunchPlan,
-    NodeFacts,
     plan_launch,
     render_plan,
 )
@@ -36,7 +36,7 @@ class SshBackend:
     def plan(
         self,
         cluster: Cluster,
-        facts: Mapping[str, NodeFacts],
+        facts: Mapping[str, LaunchFacts],
         options: LaunchOptions,
         *,
         master_addr: str,

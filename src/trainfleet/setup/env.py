@@ -1,7 +1,8 @@
 """`trainfleet setup env`: what each node needs set, recorded per node in cluster.yaml.
 
-    >>> facts = {"python": {"executable": "/opt/env/bin/python"}, "tools": {"ninja": None},
-    ...          "route_to_master": {"dev": "ens14f1"}, "interfaces": [], "cuda_home": None}
+    >>> from trainfleet.doctor.facts import NodeFacts, Python, Route
+    >>> facts = NodeFacts(python=Python(executable="/opt/env/bin/python"), tools={"ninja": None},
+    ...                   route_to_master=Route(dev="ens14f1"), interfaces=())
     >>> login = {"path": "/opt/env/bin:/usr/bin", "tools": {"ninja": "/opt/env/bin/ninja"}}
     >>> fields, notes = plan_node_env(facts, login, interface=None, env={}, master_addr=None)
     >>> fields["interface"], fields["env"]
@@ -21,6 +22,7 @@ import os
 from trainfleet.catalog import FindingId
 from trainfleet.cluster import Cluster, parse_cluster_yaml
 from trainfleet.doctor import netsel
+from trainfleet.doctor.facts import NodeFacts
 from trainfleet.errors import SetupError
 from trainfleet.nodeset import fold_names
 from trainfleet.remote import run_on_nodes
@@ -72,7 +74,7 @@ def parse_login(stdout: str) -> dict:
 
 
 def plan_node_env(
-    facts: dict | None,
+    facts: NodeFacts | None,
     login: dict,
     *,
     interface: str | None,
@@ -83,13 +85,14 @@ def plan_node_env(
     python could not run); `interface`/`env`: what cluster.yaml says for it already."""
     fields: dict = {}
     notes: list[str] = []
-    tools = (facts or {}).get("tools") or {}
+    tools = facts.tools if facts else {}
     found = login.get("tools") or {}
     if facts:
         chosen = netsel.chosen_interface(facts, master_addr)
         if chosen and chosen != interface:
             fields["interface"] = chosen
-        fields["python"] = facts["python"]["executable"]
+        if facts.python.executable:
+            fields["python"] = facts.python.executable
     elif found.get("python3"):
         fields["python"] = found["python3"]
         notes.append(
@@ -100,12 +103,12 @@ def plan_node_env(
     # only: DeepSpeed builds its ops there (cuda-home-missing).
     nvcc = found.get("nvcc") or tools.get("nvcc")
     cuda_home = (
-        (facts or {}).get("cuda_home")
+        (facts.cuda_home if facts else None)
         or login.get("cuda_home")
         or (os.path.dirname(os.path.dirname(nvcc)) if nvcc else None)
         or login.get("cuda_dir")
     )
-    gpus = ((facts or {}).get("gpus") or {}).get("devices")
+    gpus = facts.gpus.devices if facts and facts.gpus else ()
     updates = {}
     if gpus and cuda_home and env.get("CUDA_HOME") != cuda_home:
         updates["CUDA_HOME"] = cuda_home
@@ -116,8 +119,8 @@ def plan_node_env(
     on_login = [t for t in lacking if found.get(t)]
     path = None
     if beside:
-        python_dir = os.path.dirname(facts["python"]["executable"])
-        path = f"{python_dir}:{facts.get('path', '')}".rstrip(":")
+        python_dir = os.path.dirname(facts.python.executable or "")
+        path = f"{python_dir}:{facts.path}".rstrip(":")
         notes.append(f"{', '.join(beside)} beside its python, not on the ssh PATH: PATH recorded")
     elif on_login and login.get("path"):
         path = login["path"]
@@ -140,7 +143,7 @@ def setup_env(
     result = SetupResult(step="env", dry_run=dry_run)
     survey = verify.survey(cluster, verify.ENV)
     argv = {
-        n.host: login_argv(os.path.dirname(survey.facts[n.host]["python"]["executable"]))
+        n.host: login_argv(os.path.dirname(survey.facts[n.host].python.executable or ""))
         if n.host in survey.facts
         else login_argv("")
         for n in cluster.nodes

@@ -18,6 +18,7 @@ import re
 import shlex
 from dataclasses import dataclass
 
+from trainfleet.doctor.facts import Firewall
 from trainfleet.untrusted import valid_interface, valid_peer, valid_word
 
 TAG = "trainfleet"
@@ -99,34 +100,30 @@ def _iptables_filters(rules: str) -> bool:
     )
 
 
-def active_backends(firewall: dict) -> list[str]:
+def active_backends(firewall: Firewall) -> list[str]:
     """The firewalls that filter input on a node, from doctor's `firewall` facts; ufw and
     firewalld manage the kernel's rules themselves, so when one of them is on, only it."""
-    if (firewall.get("ufw") or {}).get("out", "").startswith("Status: active"):
+    if firewall.ufw and firewall.ufw.out.startswith("Status: active"):
         return ["ufw"]
-    if (firewall.get("firewalld") or {}).get("out", "").strip() == "running":
+    if firewall.firewalld and firewall.firewalld.out.strip() == "running":
         return ["firewalld"]
     found = []
-    iptables = firewall.get("iptables") or {}
-    if iptables.get("rc") == 0 and _iptables_filters(iptables.get("out", "")):
+    iptables = firewall.iptables
+    if iptables and iptables.rc == 0 and _iptables_filters(iptables.out):
         found.append("iptables")
     if nft_chains_to_open(firewall, skip_iptables="iptables" in found):
         found.append("nftables")
     return found
 
 
-def nft_chains_to_open(firewall: dict, *, skip_iptables: bool) -> list[NftChain]:
+def nft_chains_to_open(firewall: Firewall, *, skip_iptables: bool) -> list[NftChain]:
     """Input chains that filter, except iptables-nft's own tables when iptables handles them
     (a packet must be accepted by every base chain on the hook)."""
-    nft = firewall.get("nft") or {}
-    if nft.get("rc") != 0:
+    nft = firewall.nft
+    if nft is None or nft.rc != 0:
         return []
     own = {("ip", "filter"), ("ip6", "filter")} if skip_iptables else set()
-    return [
-        c
-        for c in nft_input_chains(nft.get("out", ""))
-        if c.filters and (c.family, c.table) not in own
-    ]
+    return [c for c in nft_input_chains(nft.out) if c.filters and (c.family, c.table) not in own]
 
 
 def _iptables(iface: str, peer: str, **_) -> list[Rule]:

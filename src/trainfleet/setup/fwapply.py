@@ -19,6 +19,7 @@ from trainfleet.cluster import Cluster, Node
 from trainfleet.doctor import netsel
 from trainfleet.doctor.checks.network import chosen_interfaces
 from trainfleet.doctor.collect import Survey
+from trainfleet.doctor.facts import NodeFacts
 from trainfleet.errors import SetupError
 from trainfleet.remote import run_on_nodes
 from trainfleet.setup import firewall, verify
@@ -35,10 +36,10 @@ from trainfleet.untrusted import valid_interface, valid_peer, valid_word
 TIMEOUT_S = 30
 
 
-def _address(facts: dict, iface: str | None) -> str | None:
+def _address(facts: NodeFacts, iface: str | None) -> str | None:
     for entry in netsel.ifaces_of(facts):
-        if entry["name"] == iface and entry.get("ipv4"):
-            return entry["ipv4"][0].split("/")[0]
+        if entry.name == iface and entry.ipv4:
+            return entry.ipv4[0].split("/")[0]
     return None
 
 
@@ -67,7 +68,7 @@ def plan_rules(
                     f"{peer} reports {address[:60]!r} as its address, which is not a unicast"
                     f" IPv4 address: no rule on {host} lets it in"
                 )
-        backends = firewall.active_backends(facts.get("firewall") or {})
+        backends = firewall.active_backends(facts.firewall)
         if not backends:
             notes.append(
                 f"{host}: TCP to it is dropped, but no iptables/nftables/ufw/firewalld "
@@ -75,9 +76,7 @@ def plan_rules(
                 "outside the node (a cloud security group)"
             )
             continue
-        chains = firewall.nft_chains_to_open(
-            facts["firewall"], skip_iptables="iptables" in backends
-        )
+        chains = firewall.nft_chains_to_open(facts.firewall, skip_iptables="iptables" in backends)
         rules[host] = [
             rule
             for backend in backends
@@ -91,9 +90,7 @@ def plan_rules(
 def _firewalld_zones(cluster: Cluster, survey: Survey, blocked: list[str]) -> dict[str, str]:
     chosen = chosen_interfaces(survey)
     hosts = [
-        h
-        for h in blocked
-        if "firewalld" in firewall.active_backends(survey.facts[h].get("firewall") or {})
+        h for h in blocked if "firewalld" in firewall.active_backends(survey.facts[h].firewall)
     ]
     if not hosts:
         return {}

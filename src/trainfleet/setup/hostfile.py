@@ -5,7 +5,9 @@ cluster.yaml that `launch`, `doctor` and DeepSpeed's runner read.
     # written by `trainfleet setup hostfile` (DeepSpeed/MPI format: HOST slots=N)
     gpu-node-1 slots=8
     gpu-node-2 slots=8
-    >>> slots_for({"a": {"gpus": {"devices": [{}, {}]}}, "b": {"gpus": {}}}, cpu_slots=None)
+    >>> from trainfleet.doctor.facts import Gpu, Gpus, NodeFacts
+    >>> slots_for({"a": NodeFacts(gpus=Gpus(devices=(Gpu(), Gpu()))), "b": NodeFacts(gpus=Gpus())},
+    ...           cpu_slots=None)
     ({'a': 2, 'b': 1}, ['b: no GPU found; slots=1 (set --slots N for CPU nodes)'])
 
 GPUs are counted by doctor's probe (nvidia-smi on each node); a node without GPUs gets
@@ -14,9 +16,11 @@ GPUs are counted by doctor's probe (nvidia-smi on each node); a node without GPU
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 from trainfleet.cluster import Cluster, parse_cluster_yaml, parse_hostfile
+from trainfleet.doctor.facts import NodeFacts
 from trainfleet.errors import SetupError
 from trainfleet.nodeset import fold_names
 from trainfleet.setup import clusterdoc, verify
@@ -31,11 +35,13 @@ def hostfile_text(slots: dict[str, int]) -> str:
     return text
 
 
-def slots_for(facts: dict[str, dict], cpu_slots: int | None) -> tuple[dict[str, int], list[str]]:
+def slots_for(
+    facts: Mapping[str, NodeFacts], cpu_slots: int | None
+) -> tuple[dict[str, int], list[str]]:
     """Slots per node (GPU count, else `cpu_slots`, else 1) and notes on defaults filled in."""
     slots, notes = {}, []
     for host, sheet in facts.items():
-        gpus = len((sheet.get("gpus") or {}).get("devices") or [])
+        gpus = len(sheet.gpus.devices) if sheet.gpus else 0
         if gpus:
             slots[host] = gpus
             if cpu_slots is not None:

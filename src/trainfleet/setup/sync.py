@@ -1,8 +1,9 @@
 """`trainfleet sync [DIR]`: the same code at the same path on every node that does not share
 this machine's copy, so that doctor's `code-differs` goes away.
 
-    >>> storage_groups({"a": {"active": {"shared": {"b": True}}},
-    ...                 "b": {"active": {"shared": {"a": True}}}, "c": {}})
+    >>> from trainfleet.doctor.facts import Active, NodeFacts
+    >>> storage_groups({"a": NodeFacts(active=Active(shared={"b": True})),
+    ...                 "b": NodeFacts(active=Active(shared={"a": True})), "c": NodeFacts()})
     [['a', 'b'], ['c']]
 
 Facts from doctor's full probe with DIR as the working directory: each node's code hash (the
@@ -14,12 +15,13 @@ over ssh (with --delete) when both sides have it, else tar over ssh and a prune 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
 from trainfleet.cluster import Cluster
+from trainfleet.doctor.facts import NodeFacts
 from trainfleet.errors import SetupError
 from trainfleet.nodeset import fold_names
 from trainfleet.probe import code_hash
@@ -43,11 +45,11 @@ DEFAULT_EXCLUDES = (
 """Not code: history, caches, environments and run outputs (which --delete must never touch)."""
 
 
-def storage_groups(facts: dict[str, dict]) -> list[list[str]]:
+def storage_groups(facts: Mapping[str, NodeFacts]) -> list[list[str]]:
     """Nodes that see each other's files (doctor's shared-storage tokens), grouped, in order."""
     group_of = {host: [host] for host in facts}
     for host, sheet in facts.items():
-        for peer, seen in (sheet.get("active") or {}).get("shared", {}).items():
+        for peer, seen in sheet.active.shared.items():
             if seen and peer in group_of and group_of[peer] is not group_of[host]:
                 merged = group_of[host] + group_of[peer]
                 for member in merged:
@@ -60,17 +62,23 @@ def storage_groups(facts: dict[str, dict]) -> list[list[str]]:
     return [sorted(g, key=order.index) for g in groups]
 
 
-def copy_targets(facts: dict[str, dict], local_hash: str | None) -> tuple[list[str], list[str]]:
+def copy_targets(
+    facts: Mapping[str, NodeFacts], local_hash: str | None
+) -> tuple[list[str], list[str]]:
     """(nodes to copy to, nodes whose copy is the same already or shared with a copied one)."""
     targets, same = [], []
     for group in storage_groups(facts):
-        hashes = [((facts[h].get("code") or {}).get("sha256")) for h in group]
+        hashes = [_code_hash(facts[h]) for h in group]
         if local_hash and all(value == local_hash for value in hashes):
             same += group
         else:
             targets.append(group[0])
             same += group[1:]
     return targets, same
+
+
+def _code_hash(facts: NodeFacts) -> str | None:
+    return facts.code.sha256 if facts.code else None
 
 
 SYSTEM_DIRS = ("/etc", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/boot",
@@ -116,7 +124,7 @@ def sync_code(
         )
     local = code_hash(directory).get("sha256")
     targets, same = copy_targets({n.host: survey.facts[n.host] for n in cluster.nodes}, local)
-    shared = [h for h in same if (survey.facts[h].get("code") or {}).get("sha256") != local]
+    shared = [h for h in same if _code_hash(survey.facts[h]) != local]
     if shared:
         result.note(f"{fold_names(shared)} share storage with a node copied to: copied once")
     if not targets:

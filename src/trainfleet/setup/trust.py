@@ -1,8 +1,9 @@
 """`trainfleet setup ssh`: this machine and every node trust every node, each itself included.
 
-    >>> facts = {"gpu-node-1": {"active": {"ssh": {
-    ...     "gpu-node-1": {"rc": 0, "stderr": ""},
-    ...     "gpu-node-2": {"rc": 255, "stderr": "u@10.0.0.12: Permission denied (password)."}}}}}
+    >>> from trainfleet.doctor.facts import Active, NodeFacts, SshOutcome
+    >>> denied = "u@10.0.0.12: Permission denied (password)."
+    >>> facts = {"gpu-node-1": NodeFacts(active=Active(ssh={
+    ...     "gpu-node-1": SshOutcome(rc=0), "gpu-node-2": SshOutcome(rc=255, stderr=denied)}))}
     >>> auth_pairs(facts)
     [('gpu-node-1', 'gpu-node-2')]
 
@@ -29,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from trainfleet.catalog import FindingId
 from trainfleet.cluster import Cluster
 from trainfleet.doctor.collect import Survey
+from trainfleet.doctor.facts import NodeFacts
 from trainfleet.doctor.findings import Severity
 from trainfleet.errors import SetupError
 from trainfleet.nodeset import fold_names
@@ -43,12 +45,12 @@ Password = Callable[[list[str]], str]
 """password(nodes that need it) -> the password; raises SetupError when none can be had."""
 
 
-def auth_pairs(facts: Mapping[str, dict]) -> list[tuple[str, str]]:
+def auth_pairs(facts: Mapping[str, NodeFacts]) -> list[tuple[str, str]]:
     """(source, target) pairs of doctor's N x N matrix that failed on authentication."""
     pairs = []
     for src, sheet in facts.items():
-        for dst, outcome in sheet.get("active", {}).get("ssh", {}).items():
-            failure = classify(outcome["rc"], outcome["stderr"], outcome["rc"] == 124, True)
+        for dst, outcome in sheet.active.ssh.items():
+            failure = classify(outcome.rc, outcome.stderr, outcome.rc == 124, True)
             if failure is Failure.AUTH:
                 pairs.append((src, dst))
     return pairs

@@ -25,13 +25,18 @@ import dataclasses
 import json
 import re
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trainfleet.cluster import Cluster
 from trainfleet.errors import TrainfleetError
 from trainfleet.plan.memory import TrainSetup
 from trainfleet.train import checkpoints, user_deepspeed
 from trainfleet.train.config import TrainConfig, load_train_config
+
+if TYPE_CHECKING:
+    from trainfleet.doctor.facts import NodeFacts
 
 __all__ = ["TrainConfig", "check_model_dir", "load_train_config", "run_train"]
 
@@ -143,7 +148,7 @@ def check_output_dir(output: Path) -> None:
 def check_memory(
     config: TrainConfig,
     rank_ranges: dict[str, range],
-    facts: dict,
+    facts: Mapping[str, NodeFacts],
     *,
     strict: bool,
     out,

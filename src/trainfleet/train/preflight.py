@@ -6,8 +6,9 @@ for this model, config and placement, against what each node has (the quick doct
     >>> shape = ModelShape.from_config({"model_type": "llama", "vocab_size": 32000,
     ...     "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
     ...     "num_attention_heads": 32, "torch_dtype": "bfloat16"})
-    >>> facts = {"a": {"memory": {"MemAvailable": 64 << 30},
-    ...                "gpus": {"devices": [{"memory_mib": 81920}] * 8}}}
+    >>> from trainfleet.doctor.facts import Gpu, Gpus, Memory, NodeFacts
+    >>> facts = {"a": NodeFacts(memory=Memory(available=64 << 30),
+    ...                         gpus=Gpus(devices=(Gpu(memory_mib=81920),) * 8))}
     >>> fit = check_fit(shape, TrainSetup(zero=3), ranks_per_node={"a": 8}, facts=facts)
     >>> fit.problems
     []
@@ -23,9 +24,11 @@ is in the fix. A node whose facts say nothing (an old probe, no /proc/meminfo) i
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from trainfleet.catalog import FindingId
+from trainfleet.doctor.facts import Gpu, NodeFacts
 from trainfleet.errors import TrainfleetError
 from trainfleet.plan.memory import CONTEXT_BYTES, TrainSetup, cpu_memory_per_node, gpu_memory
 from trainfleet.plan.model import ModelShape
@@ -47,7 +50,11 @@ class WontFit(TrainfleetError):
 
 
 def check_fit(
-    shape: ModelShape, setup: TrainSetup, *, ranks_per_node: dict[str, int], facts: dict
+    shape: ModelShape,
+    setup: TrainSetup,
+    *,
+    ranks_per_node: dict[str, int],
+    facts: Mapping[str, NodeFacts],
 ) -> Fit:
     ranks = sum(ranks_per_node.values())
     gpu = gpu_memory(shape, setup, ranks=ranks)
@@ -59,12 +66,12 @@ def check_fit(
         + (" GPU" if on_gpus or not facts else " rank (in host RAM: no GPUs)")
     )
     for host, local in ranks_per_node.items():
-        sheet = facts.get(host) or {}
+        sheet = facts.get(host) or NodeFacts()
         devices = _devices(sheet)
         host_ram = cpu_memory_per_node(shape, setup, ranks=ranks, ranks_per_node=local)
         need, parts = host_ram.cpu_peak_bytes, ""
         if devices:
-            smallest = min(d.get("memory_mib", 0) for d in devices) * MIB
+            smallest = min(d.memory_mib or 0 for d in devices) * MIB
             if smallest and gpu.total_bytes > smallest:
                 fit.problems.append(
                     f"{host}: {gib(gpu.total_bytes)} per GPU needed, its GPUs have {gib(smallest)}"
@@ -73,7 +80,7 @@ def check_fit(
             on_cpu = local * (gpu.total_bytes - CONTEXT_BYTES)
             need += on_cpu
             parts = f"training states {gib(on_cpu)}, "
-        available = (sheet.get("memory") or {}).get("MemAvailable")
+        available = sheet.memory.available
         if available and need > available:
             fit.problems.append(
                 f"{host}: {gib(need)} of host RAM needed for {local} rank(s) ({parts}loading"
@@ -85,8 +92,8 @@ def check_fit(
 
 
 def fastest_fitting(
-    shape: ModelShape, setup: TrainSetup, *, ranks_per_node: dict[str, int], facts: dict,
-    global_batch: int,
+    shape: ModelShape, setup: TrainSetup, *, ranks_per_node: dict[str, int],
+    facts: Mapping[str, NodeFacts], global_batch: int,
 ) -> str | None:  # fmt: skip
     """On GPU nodes: the planner's fastest config that fits the smallest GPU and the smallest
     host, as train.yaml settings; None on CPU nodes or when none fits."""
@@ -94,18 +101,18 @@ def fastest_fitting(
     from trainfleet.plan.speed import Links
     from trainfleet.train.metrics import peak_flops_of
 
-    sheets = [facts.get(host) or {} for host in ranks_per_node]
+    sheets = [facts.get(host) or NodeFacts() for host in ranks_per_node]
     devices = [d for s in sheets for d in _devices(s)]
     per_node = set(ranks_per_node.values())
     if len(per_node) != 1 or not all(_devices(s) for s in sheets):
         return None
-    available = [(s.get("memory") or {}).get("MemAvailable") for s in sheets]
+    available = [s.memory.available for s in sheets]
     target = Target(
         nodes=len(ranks_per_node),
         gpus_per_node=per_node.pop(),
-        gpu_memory_bytes=min(d.get("memory_mib", 0) for d in devices) * MIB,
+        gpu_memory_bytes=min(d.memory_mib or 0 for d in devices) * MIB,
         cpu_memory_bytes=min(available) if all(available) else None,
-        links=Links(peak_flops=peak_flops_of(devices[0].get("name", "")) or 1e15, busbw=12.5e9),
+        links=Links(peak_flops=peak_flops_of(devices[0].name or "") or 1e15, busbw=12.5e9),
     )
     ranked = search(shape, setup, target, global_batch=global_batch)
     if not ranked or not ranked[0].fits:
@@ -119,8 +126,8 @@ def fastest_fitting(
 
 
 def what_would_fit(
-    shape: ModelShape, setup: TrainSetup, *, ranks_per_node: dict[str, int], facts: dict,
-    global_batch: int, model: str,
+    shape: ModelShape, setup: TrainSetup, *, ranks_per_node: dict[str, int],
+    facts: Mapping[str, NodeFacts], global_batch: int, model: str,
 ) -> str:  # fmt: skip
     """The fix for a run that does not fit: the planner's fastest config that does (GPU
     nodes), else the settings that would lower the need and are not in use yet."""
@@ -139,6 +146,6 @@ def what_would_fit(
     return f"{', '.join(options)}; `trainfleet plan --model {model}` compares them"
 
 
-def _devices(sheet: dict | None) -> list[dict]:
-    """The GPUs on a fact sheet (probe's nvidia-smi query); [] without GPUs or facts."""
-    return ((sheet or {}).get("gpus") or {}).get("devices") or []
+def _devices(sheet: NodeFacts | None) -> tuple[Gpu, ...]:
+    """The GPUs on a fact sheet (probe's nvidia-smi query); () without GPUs or facts."""
+    return sheet.gpus.devices if sheet and sheet.gpus else ()

@@ -10,6 +10,7 @@ from collections import Counter
 from trainfleet.catalog import FindingId
 from trainfleet.doctor import netsel
 from trainfleet.doctor.collect import Survey
+from trainfleet.doctor.facts import Active, Listener, NodeFacts, Resolution
 from trainfleet.doctor.findings import Finding, Severity
 from trainfleet.nodeset import fold_names
 
@@ -26,9 +27,9 @@ def chosen_interfaces(survey: Survey) -> dict[str, str | None]:
     }
 
 
-def _firewall_rules(facts: dict) -> list[str]:
+def _firewall_rules(facts: NodeFacts) -> list[str]:
     """The lines of the node's iptables rules that drop or reject (evidence)."""
-    rules = (facts.get("firewall") or {}).get("iptables", {}).get("out", "")
+    rules = facts.firewall.iptables.out if facts.firewall.iptables else ""
     return [
         line
         for line in rules.splitlines()
@@ -36,13 +37,13 @@ def _firewall_rules(facts: dict) -> list[str]:
     ][:4]
 
 
-def _allow_rule(facts: dict, subnet: str | None) -> str:
+def _allow_rule(facts: NodeFacts, subnet: str | None) -> str:
     """The minimal rule that lets the cluster's nodes in, for whatever firewall is active."""
     source = subnet or "<cluster subnet>"
-    firewall = facts.get("firewall") or {}
-    if (firewall.get("ufw") or {}).get("out", "").startswith("Status: active"):
+    firewall = facts.firewall
+    if firewall.ufw and firewall.ufw.out.startswith("Status: active"):
         return f"`ufw allow from {source} proto tcp`"
-    if (firewall.get("firewalld") or {}).get("out", "").strip() == "running":
+    if firewall.firewalld and firewall.firewalld.out.strip() == "running":
         trusted = f"firewall-cmd --permanent --zone=trusted --add-source={source}"
         return f"`{trusted} && firewall-cmd --reload`"
     return f"`iptables -I INPUT -p tcp -s {source} -j ACCEPT` (and make it persistent)"
@@ -54,11 +55,11 @@ def check_firewall(survey: Survey) -> list[Finding]:
     chosen = chosen_interfaces(survey)
     blocked: dict[str, list[str]] = {}
     for src, facts in survey.facts.items():
-        attempts = facts.get("active", {}).get("tcp_last_attempt", {})
-        for dst, ports in facts.get("active", {}).get("tcp", {}).items():
-            target = survey.facts.get(dst, {}).get("active", {})
-            listening = target.get("listen", {})
-            since, until = target.get("listen_since"), target.get("listen_until")
+        attempts = facts.active.tcp_last_attempt
+        for dst, ports in facts.active.tcp.items():
+            target = survey.facts[dst].active if dst in survey.facts else Active()
+            listening = target.listen
+            since, until = target.listen_since, target.listen_until
             for port, status in ports.items():
                 if status == "open" or listening.get(port) != "listening":
                     continue
@@ -75,7 +76,7 @@ def check_firewall(survey: Survey) -> list[Finding]:
         ports_ok = [
             p
             for s in survey.facts.values()
-            for p, st in s.get("active", {}).get("tcp", {}).get(dst, {}).items()
+            for p, st in s.active.tcp.get(dst, {}).items()
             if st == "open"
         ]
         what = "ports NCCL/gloo pick at random" + (
@@ -99,10 +100,10 @@ def check_firewall(survey: Survey) -> list[Finding]:
     return findings
 
 
-def listeners_besides_probe(facts: dict) -> list[dict]:
+def listeners_besides_probe(facts: NodeFacts) -> list[Listener]:
     """The node's listening sockets, but for the probe's own test listeners (which hold the
     master port and random ports while the facts are gathered)."""
-    return [e for e in facts.get("listening", []) if e.get("pid") != facts.get("pid")]
+    return [e for e in facts.listening if e.pid != facts.pid]
 
 
 def check_port_in_use(survey: Survey) -> list[Finding]:
@@ -111,14 +112,14 @@ def check_port_in_use(survey: Survey) -> list[Finding]:
     if facts is None:
         return []
     port = survey.cluster.master_port
-    holders = [e for e in listeners_besides_probe(facts) if e.get("port") == port]
-    bind = facts.get("active", {}).get("listen", {}).get(str(port), "")
+    holders = [e for e in listeners_besides_probe(facts) if e.port == port]
+    bind = facts.active.listen.get(str(port), "")
     if not holders and "in use" not in bind:
         return []
-    owner = next((h for h in holders if h.get("pid")), None)
-    command = " ".join((owner or {}).get("cmd", "").split())
+    owner = next((h for h in holders if h.pid), None)
+    command = " ".join(((owner and owner.cmd) or "").split())
     command = command if len(command) <= 120 else command[:117] + "..."
-    who = f"pid {owner['pid']}: {command}" if owner else "a process this user cannot see"
+    who = f"pid {owner.pid}: {command}" if owner else "a process this user cannot see"
     return [
         Finding(
             id=FindingId.PORT_IN_USE,
@@ -126,7 +127,7 @@ def check_port_in_use(survey: Survey) -> list[Finding]:
             nodes=(master,),
             evidence=[f"port {port} on {master} is held by {who}"],
             fix=(
-                f"stop it (`kill {owner['pid']}` on {master}) if it is a leftover run, "
+                f"stop it (`kill {owner.pid}` on {master}) if it is a leftover run, "
                 if owner
                 else "stop that process, "
             )
@@ -144,18 +145,18 @@ def check_hostnames(survey: Survey) -> list[Finding]:
     findings = []
     chosen = chosen_interfaces(survey)
     for host, facts in survey.facts.items():
-        name = facts.get("hostname", "")
-        resolved = facts.get("resolve", {}).get(name, {})
-        addresses = resolved.get("addresses", [])
+        name = facts.hostname or ""
+        resolved = facts.resolve.get(name, Resolution())
+        addresses = resolved.addresses
         iface = chosen.get(host)
-        if "error" in resolved:
+        if resolved.error is not None:
             findings.append(
                 Finding(
                     id=FindingId.HOSTNAME_UNRESOLVABLE,
                     severity=Severity.ERROR,
                     nodes=(host,),
                     evidence=[
-                        f"on {host}, its own name `{name}` does not resolve: {resolved['error']}"
+                        f"on {host}, its own name `{name}` does not resolve: {resolved.error}"
                     ],
                     fix=f"add `<address> {name}` to /etc/hosts on {host}",
                 )
@@ -175,8 +176,8 @@ def check_hostnames(survey: Survey) -> list[Finding]:
                 )
             )
         master_name = survey.cluster.master
-        master = facts.get("resolve", {}).get(master_name, {})
-        if master_name != name and "error" in master:
+        master = facts.resolve.get(master_name, Resolution())
+        if master_name != name and master.error is not None:
             findings.append(
                 Finding(
                     id=FindingId.HOSTNAME_UNRESOLVABLE,
@@ -193,18 +194,18 @@ def check_hostnames(survey: Survey) -> list[Finding]:
 def check_client_names(survey: Survey) -> list[Finding]:
     """The master's names for its clients' IPv4-mapped addresses (c10d's `err=-3` line)."""
     master = survey.cluster.master
-    facts = survey.facts.get(master, {})
-    if str(facts.get("ipv6_disabled")).strip() == "1":
+    facts = survey.facts.get(master, NodeFacts())
+    if str(facts.ipv6_disabled).strip() == "1":
         return []  # c10d then listens on IPv4 alone and sees its clients' own addresses
-    lookups = facts.get("client_names") or {}
+    lookups = facts.client_names
     addresses = survey.addresses
     node_of = {address: host for host, address in addresses.items() if address}
-    failed = {a: r for a, r in lookups.items() if "error" in r}
+    failed = {a: r for a, r in lookups.items() if r.error is not None}
     if not failed:
         return []
     evidence = [
-        f"on {master}, ::ffff:{a} ({node_of.get(a, 'a client')}) has no name: {r['error']}"
-        + (f" after {r['seconds']:.1f} s" if r.get("seconds", 0) >= 0.1 else "")
+        f"on {master}, ::ffff:{a} ({node_of.get(a, 'a client')}) has no name: {r.error}"
+        + (f" after {r.seconds:.1f} s" if (r.seconds or 0) >= 0.1 else "")
         for a, r in sorted(failed.items())
     ]
     evidence.append(
@@ -233,7 +234,7 @@ def _configured(survey: Survey, host: str, key: str) -> tuple[str, str] | None:
         return node.interface, "cluster.yaml `interface:`"
     if key in node.env:
         return node.env[key], "cluster.yaml env"
-    node_env = survey.facts[host].get("env", {})
+    node_env = survey.facts[host].env
     if key in node_env:
         return node_env[key], f"{host}'s own environment"
     if key in survey.launch_env:
@@ -252,7 +253,7 @@ def check_interfaces(survey: Survey) -> list[Finding]:
     gloo_counts: dict[str, int] = {}
     for host, facts in survey.facts.items():
         ifaces = netsel.ifaces_of(facts)
-        have = ", ".join(i["name"] for i in ifaces if netsel.usable(i) and i["name"] != "lo")
+        have = ", ".join(i.name for i in ifaces if netsel.usable(i) and i.name != "lo")
         nccl = _configured(survey, host, "NCCL_SOCKET_IFNAME")
         if nccl and not netsel.nccl_matches(nccl[0], ifaces):
             findings.append(
@@ -354,8 +355,8 @@ def check_mtu(survey: Survey) -> list[Finding]:
     mtus = {}
     for host, facts in survey.facts.items():
         for iface in netsel.ifaces_of(facts):
-            if iface["name"] == chosen.get(host):
-                mtus[host] = iface.get("mtu")
+            if iface.name == chosen.get(host):
+                mtus[host] = iface.mtu
     if len(set(mtus.values())) <= 1:
         return []
     common, _ = Counter(mtus.values()).most_common(1)[0]
@@ -377,7 +378,7 @@ def check_ipv6(survey: Survey) -> list[Finding]:
     findings = []
     master_name = survey.cluster.master
     for host, facts in survey.facts.items():
-        addresses = facts.get("resolve", {}).get(master_name, {}).get("addresses", [])
+        addresses = facts.resolve.get(master_name, Resolution()).addresses
         if addresses and all(":" in a for a in addresses):
             findings.append(
                 Finding(
@@ -403,9 +404,9 @@ def link_rates(survey: Survey) -> dict[tuple[str, str], float]:
     """MB/s per (sender, receiver) from the ring bandwidth test, as the receivers measured."""
     rates = {}
     for dst, facts in survey.facts.items():
-        for src, sample in facts.get("active", {}).get("bandwidth_in", {}).items():
-            if sample["seconds"] > 0:
-                rates[(src, dst)] = sample["bytes"] / sample["seconds"] / 1e6
+        for src, sample in facts.active.bandwidth_in.items():
+            if sample.seconds > 0:
+                rates[(src, dst)] = sample.bytes / sample.seconds / 1e6
     return rates
 
 

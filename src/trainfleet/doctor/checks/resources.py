@@ -18,7 +18,7 @@ MAX_CLOCK_SKEW_S = 2.0
 def check_gpus(survey: Survey) -> list[Finding]:
     findings = []
     for host, facts in survey.facts.items():
-        devices = (facts.get("gpus") or {}).get("devices") or []
+        devices = facts.gpus.devices if facts.gpus else ()
         slots = survey.cluster.node(host).slots
         if devices and len(devices) < slots:
             findings.append(
@@ -30,16 +30,14 @@ def check_gpus(survey: Survey) -> list[Finding]:
                     fix=f"set slots={len(devices)} for {host} in the hostfile / cluster.yaml",
                 )
             )
-        busy = (facts.get("gpus") or {}).get("processes") or []
+        busy = facts.gpus.processes if facts.gpus else ()
         if busy:
             findings.append(
                 Finding(
                     id=FindingId.GPU_BUSY,
                     severity=Severity.WARNING,
                     nodes=(host,),
-                    evidence=[
-                        f"{host}: pid {p['pid']} {p['name']} uses {p['used_mib']} MiB" for p in busy
-                    ],
+                    evidence=[f"{host}: pid {p.pid} {p.name} uses {p.used_mib} MiB" for p in busy],
                     fix=f"stop the leftover processes on {host} (`kill PID`) before launching",
                 )
             )
@@ -48,9 +46,9 @@ def check_gpus(survey: Survey) -> list[Finding]:
 
 def check_shm(survey: Survey) -> list[Finding]:
     small = {
-        host: facts["shm"]["total"]
+        host: facts.shm.total
         for host, facts in survey.facts.items()
-        if "total" in facts.get("shm", {}) and facts["shm"]["total"] < MIN_SHM
+        if facts.shm.total is not None and facts.shm.total < MIN_SHM
     }
     return [
         Finding(
@@ -69,16 +67,14 @@ def check_shm(survey: Survey) -> list[Finding]:
 def check_disk(survey: Survey) -> list[Finding]:
     findings = []
     for host, facts in survey.facts.items():
-        disk = facts.get("workdir", {}).get("disk", {})
-        if "free" in disk and disk["free"] < MIN_DISK:
+        disk = facts.workdir.disk
+        if disk.free is not None and disk.free < MIN_DISK:
             findings.append(
                 Finding(
                     id=FindingId.DISK_LOW,
                     severity=Severity.WARNING,
                     nodes=(host,),
-                    evidence=[
-                        f"{disk['free'] / GIB:.1f} GiB free at {facts['workdir']['path']} on {host}"
-                    ],
+                    evidence=[f"{disk.free / GIB:.1f} GiB free at {facts.workdir.path} on {host}"],
                     fix="write checkpoints elsewhere, or keep fewer of them",
                 )
             )
@@ -88,8 +84,8 @@ def check_disk(survey: Survey) -> list[Finding]:
 def check_memlock(survey: Survey) -> list[Finding]:
     findings = []
     for host, facts in survey.facts.items():
-        memlock = facts.get("limits", {}).get("memlock")
-        if facts.get("infiniband") and memlock is not None:
+        memlock = facts.limits.memlock
+        if facts.infiniband and memlock is not None:
             findings.append(
                 Finding(
                     id=FindingId.IB_MEMLOCK,
@@ -106,7 +102,7 @@ def check_memlock(survey: Survey) -> list[Finding]:
 def check_clocks(survey: Survey, started: float, finished: float) -> list[Finding]:
     findings = []
     for host, facts in survey.facts.items():
-        t = facts.get("time")
+        t = facts.time
         if t is None:
             continue
         skew = max(started - t, t - finished, 0.0)
@@ -125,9 +121,9 @@ def check_clocks(survey: Survey, started: float, finished: float) -> list[Findin
 
 def check_shared_storage(survey: Survey) -> list[Finding]:
     apart = []
-    wrote = {h for h, f in survey.facts.items() if f.get("active", {}).get("token") == "written"}
+    wrote = {h for h, f in survey.facts.items() if f.active.token == "written"}
     for host, facts in survey.facts.items():
-        for peer, seen in facts.get("active", {}).get("shared", {}).items():
+        for peer, seen in facts.active.shared.items():
             if not seen and peer in wrote:
                 apart.append(f"{host} does not see {peer}'s file in the working directory")
     if not apart:

@@ -12,6 +12,7 @@ from collections import Counter
 
 from trainfleet.catalog import FindingId
 from trainfleet.doctor.collect import Survey
+from trainfleet.doctor.facts import Imports, JitLock, NodeFacts
 from trainfleet.doctor.findings import Finding, Severity
 from trainfleet.nodeset import fold_names
 from trainfleet.probe import JIT_LOCK_STALE_S
@@ -51,14 +52,14 @@ def check_paths(survey: Survey) -> list[Finding]:
                 )
             )
     for host, facts in survey.facts.items():
-        workdir = facts.get("workdir", {})
-        if not workdir.get("exists", True):
+        workdir = facts.workdir
+        if workdir.exists is False:
             findings.append(
                 Finding(
                     id=FindingId.REMOTE_PATH_MISSING,
                     severity=Severity.ERROR,
                     nodes=(host,),
-                    evidence=[f"working directory {workdir.get('path')} does not exist on {host}"],
+                    evidence=[f"working directory {workdir.path} does not exist on {host}"],
                     fix="use the same layout on every node (or shared storage), or set `workdir:` "
                     "in cluster.yaml",
                 )
@@ -66,18 +67,18 @@ def check_paths(survey: Survey) -> list[Finding]:
     return findings
 
 
-def node_versions(facts: dict) -> dict[str, str | None]:
+def node_versions(facts: NodeFacts) -> dict[str, str | None]:
     """The versions that matter, preferring what an import reported over package metadata."""
-    packages = facts.get("packages", {})
-    imported = facts.get("imports", {}) if isinstance(facts.get("imports"), dict) else {}
-    python = facts.get("python", {}).get("version", "")
+    packages = facts.packages
+    imported = facts.imports or Imports()
+    python = facts.python.version or ""
     return {
         "python": ".".join(python.split(".")[:2]) or None,
-        "torch": imported.get("torch") or packages.get("torch"),
-        "nccl": imported.get("nccl") or packages.get("nccl_wheel"),
-        "deepspeed": imported.get("deepspeed") or packages.get("deepspeed"),
-        "transformers": imported.get("transformers") or packages.get("transformers"),
-        "accelerate": imported.get("accelerate") or packages.get("accelerate"),
+        "torch": imported.torch or packages.torch,
+        "nccl": imported.nccl or packages.nccl_wheel,
+        "deepspeed": imported.deepspeed or packages.deepspeed,
+        "transformers": imported.transformers or packages.transformers,
+        "accelerate": imported.accelerate or packages.accelerate,
     }
 
 
@@ -109,9 +110,9 @@ def check_torch(survey: Survey) -> list[Finding]:
     findings = []
     has_torch = {h: bool(node_versions(f)["torch"]) for h, f in survey.facts.items()}
     for host, facts in survey.facts.items():
-        imported = facts.get("imports") if isinstance(facts.get("imports"), dict) else {}
-        error = imported.get("torch_error") or imported.get("import_error")
-        python = facts.get("python", {}).get("executable")
+        imported = facts.imports or Imports()
+        error = imported.torch_error or imported.import_error
+        python = facts.python.executable
         if error:
             findings.append(
                 Finding(
@@ -153,7 +154,7 @@ def check_tools(survey: Survey) -> list[Finding]:
     """Tools present on some nodes (or this one) but missing on a node's non-interactive PATH."""
     findings = []
     for host, facts in survey.facts.items():
-        tools = facts.get("tools", {})
+        tools = facts.tools
         versions = node_versions(facts)
         if versions["deepspeed"] and not tools.get("ninja"):
             findings.append(
@@ -165,12 +166,12 @@ def check_tools(survey: Survey) -> list[Finding]:
                         f"deepspeed is installed on {host} but `ninja` is not on its "
                         "non-interactive PATH: JIT-built ops fail with `Ninja is required`"
                     ],
-                    fix=f"`{facts['python']['executable']} -m pip install ninja` on {host}",
+                    fix=f"`{facts.python.executable} -m pip install ninja` on {host}",
                 )
             )
     findings += _path_differences(survey)
     for tool in _TOOLS:
-        present = {h for h, f in survey.facts.items() if f.get("tools", {}).get(tool)}
+        present = {h for h, f in survey.facts.items() if f.tools.get(tool)}
         here = shutil.which(tool) is not None
         lacking = [h for h in survey.facts if h not in present]
         if lacking and (present or here):
@@ -191,16 +192,12 @@ def check_tools(survey: Survey) -> list[Finding]:
 
 
 def check_code(survey: Survey) -> list[Finding]:
-    hashes = {
-        h: f["code"]["sha256"]
-        for h, f in survey.facts.items()
-        if (f.get("code") or {}).get("sha256")
-    }
+    hashes = {h: f.code.sha256 for h, f in survey.facts.items() if f.code and f.code.sha256}
     if len(set(hashes.values())) <= 1:
         return []
     common, _ = Counter(hashes.values()).most_common(1)[0]
     odd = tuple(h for h, v in hashes.items() if v != common)
-    workdir = next(iter(survey.facts.values()))["workdir"]["path"]
+    workdir = next(iter(survey.facts.values())).workdir.path
     return [
         Finding(
             id=FindingId.CODE_DIFFERS,
@@ -218,8 +215,8 @@ def check_code(survey: Survey) -> list[Finding]:
 def check_gpu_software(survey: Survey) -> list[Finding]:
     findings = []
     for host, facts in survey.facts.items():
-        gpus = facts.get("gpus") or {}
-        if gpus.get("devices") and not facts.get("cuda_home") and not facts["tools"].get("nvcc"):
+        devices = facts.gpus.devices if facts.gpus else ()
+        if devices and not facts.cuda_home and not facts.tools.get("nvcc"):
             findings.append(
                 Finding(
                     id=FindingId.CUDA_HOME_MISSING,
@@ -239,32 +236,22 @@ _LOCK_PATH = re.compile(r"/[^\x00-\x1f\x7f]*/lock")
 """An absolute path ending in /lock, on one line: what a node reports is shown, never trusted."""
 
 
-def _jit_locks(facts: dict) -> list[dict]:
-    """The node's well-formed lock reports (a hostile or broken node may report anything)."""
-    locks = facts.get("jit_locks")
-    if not isinstance(locks, list):
-        return []
-    return [
-        lock
-        for lock in locks
-        if isinstance(lock, dict)
-        and isinstance(lock.get("path"), str)
-        and _LOCK_PATH.fullmatch(lock["path"])
-        and isinstance(lock.get("age_s"), (int, float))
-        and isinstance(lock.get("busy_pids"), list)
-    ]
+def _jit_locks(facts: NodeFacts) -> list[JitLock]:
+    """The node's lock reports whose path is a lock's (a hostile or broken node may report
+    anything; the parser already dropped those of the wrong types)."""
+    return [lock for lock in facts.jit_locks if _LOCK_PATH.fullmatch(lock.path)]
 
 
-def stale_jit_locks(survey: Survey) -> list[tuple[str, dict]]:
+def stale_jit_locks(survey: Survey) -> list[tuple[str, JitLock]]:
     """(node, lock) for each JIT build lock older than probe.JIT_LOCK_STALE_S that no process
     works under, on that node or on one that reports the same path (shared storage)."""
     reports = {host: _jit_locks(facts) for host, facts in survey.facts.items()}
-    building = {lock["path"] for locks in reports.values() for lock in locks if lock["busy_pids"]}
+    building = {lock.path for locks in reports.values() for lock in locks if lock.busy_pids}
     return [
         (host, lock)
         for host, locks in reports.items()
         for lock in locks
-        if lock["path"] not in building and lock["age_s"] >= JIT_LOCK_STALE_S
+        if lock.path not in building and lock.age_s >= JIT_LOCK_STALE_S
     ]
 
 
@@ -277,12 +264,12 @@ def check_jit_locks(survey: Survey) -> list[Finding]:
             severity=Severity.ERROR,
             nodes=(host,),
             evidence=[
-                f"{lock['path']} on {host} is {lock['age_s'] / 60:.0f} min old and no process "
+                f"{lock.path} on {host} is {lock.age_s / 60:.0f} min old and no process "
                 "builds there: a killed build left it, and every rank that loads this op will "
                 "wait for it forever"
             ],
             fix="`trainfleet doctor --fix` removes it (after checking again that no process "
-            f"builds there), or `rm {shlex.quote(lock['path'])}` on the node(s) named",
+            f"builds there), or `rm {shlex.quote(lock.path)}` on the node(s) named",
         )
         for host, lock in stale_jit_locks(survey)
     ]
@@ -306,7 +293,7 @@ def check_launcher(survey: Survey) -> list[Finding]:
 
 def _path_differences(survey: Survey) -> list[Finding]:
     """Directories on every other node's non-interactive PATH but not on this one's."""
-    paths = {h: [d for d in f.get("path", "").split(":") if d] for h, f in survey.facts.items()}
+    paths = {h: [d for d in f.path.split(":") if d] for h, f in survey.facts.items()}
     findings = []
     for host, dirs in paths.items():
         others = [set(d) for h, d in paths.items() if h != host]

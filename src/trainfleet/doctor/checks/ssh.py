@@ -43,13 +43,13 @@ def check_node_to_node_ssh(survey: Survey) -> list[Finding]:
     """The N x N matrix: DeepSpeed's runner (pdsh) needs every node to reach every node."""
     findings = []
     for src, facts in survey.facts.items():
-        for dst, outcome in facts.get("active", {}).get("ssh", {}).items():
+        for dst, outcome in facts.active.ssh.items():
             if dst in survey.failed:
                 continue  # already an error from this machine; one finding is enough
-            failure = classify(outcome["rc"], outcome["stderr"], outcome["rc"] == 124, True)
+            failure = classify(outcome.rc, outcome.stderr, outcome.rc == 124, True)
             if failure is Failure.NONE:
                 continue
-            detail = outcome["stderr"].splitlines()[-1] if outcome["stderr"] else failure.value
+            detail = outcome.stderr.splitlines()[-1] if outcome.stderr else failure.value
             # Killed by the probe's timeout: the connect hung (a firewall dropping port 22).
             pitfall = failure.pitfall_id or FindingId.SSH_UNREACHABLE
             fix = failure.fix(dst) if failure.pitfall_id else f"check that port 22 of {dst} is open"
