@@ -38,6 +38,8 @@ MODULES = [
     "trainfleet.plan.zero",
     "trainfleet.commtest.formulas",
     "trainfleet.doctor.facts",
+    "trainfleet.doctor.facts.parse",
+    "trainfleet.doctor.facts.sheet",
     "trainfleet.doctor.netsel",
     "trainfleet.heartbeat",
     "trainfleet.hf_names",

@@ -86,7 +86,7 @@ class LaunchOptions:
 @dataclass(kw_only=True, slots=True, frozen=True)
 class LaunchFacts:
     """What the plan needs to know about one node: the few values `launch.launch_facts` takes
-    from the preflight doctor's report (its `NodeFacts`, doctor/facts.py, are the whole sheet)."""
+    from the preflight doctor's report (its `NodeFacts`, doctor/facts/, are the whole sheet)."""
 
     interface: str | None = None
     gpus: int = 0
