@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from doctor_fixtures import expect_one, make_survey, reparsed, sheets_of, with_id
 
-from trainfleet.doctor.checks import network
+from trainfleet.doctor.checks import network, transport
 from trainfleet.doctor.findings import Severity
 
 pytestmark = pytest.mark.unit
@@ -156,7 +156,7 @@ def test_slow_node_in_a_four_node_ring(tmp_path):
     _ring(sheets, nodes, slow_node=N3)
     survey = reparsed(survey, sheets)
     expect_one(
-        network.check_slow_link(survey),
+        transport.check_slow_link(survey),
         "slow-link",
         Severity.WARNING,
         (N3,),
@@ -170,7 +170,7 @@ def test_slow_node_in_a_three_node_ring(tmp_path):
     sheets = sheets_of(survey)
     _ring(sheets, (N1, N2, N3), slow_node=N2)
     survey = reparsed(survey, sheets)
-    expect_one(network.check_slow_link(survey), "slow-link", Severity.WARNING, (N2,))
+    expect_one(transport.check_slow_link(survey), "slow-link", Severity.WARNING, (N2,))
 
 
 def test_one_slow_link_names_both_ends(tmp_path):
@@ -180,7 +180,7 @@ def test_one_slow_link_names_both_ends(tmp_path):
     _ring(sheets, nodes)
     sheets[N2]["active"]["bandwidth_in"][N1]["bytes"] = int(5 * MB * 0.3)
     survey = reparsed(survey, sheets)
-    expect_one(network.check_slow_link(survey), "slow-link", Severity.WARNING, (N1, N2))
+    expect_one(transport.check_slow_link(survey), "slow-link", Severity.WARNING, (N1, N2))
 
 
 def test_fewer_than_three_links_are_not_compared(tmp_path):
@@ -189,12 +189,12 @@ def test_fewer_than_three_links_are_not_compared(tmp_path):
     _ring(sheets, (N1, N2, N3), slow_node=N2)
     sheets[N1]["active"]["bandwidth_in"] = {}
     survey = reparsed(survey, sheets)
-    assert len(network.link_rates(survey)) == 2
-    assert network.check_slow_link(survey) == []
+    assert len(transport.link_rates(survey)) == 2
+    assert transport.check_slow_link(survey) == []
 
 
 def test_recorded_ring_is_even(tmp_path):
     survey = make_survey(tmp_path)
-    rates = network.link_rates(survey)
+    rates = transport.link_rates(survey)
     assert set(rates) == {(N1, N2), (N2, N3), (N3, N1)}
-    assert network.check_slow_link(survey) == []
+    assert transport.check_slow_link(survey) == []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from doctor_fixtures import MASTER, MASTER_ADDR, expect_one, make_survey, reparsed, sheets_of
 
-from trainfleet.doctor.checks import network
+from trainfleet.doctor.checks import network, transport
 from trainfleet.doctor.findings import Severity
 
 pytestmark = pytest.mark.unit
@@ -224,7 +224,7 @@ def test_ipv6_only_master_name(survey):
     sheets[N3]["resolve"][MASTER] = {"addresses": ["fd00:10::11"]}
     survey = reparsed(survey, sheets)
     expect_one(
-        network.check_ipv6(survey),
+        transport.check_ipv6(survey),
         "ipv6-mismatch",
         Severity.WARNING,
         (N3,),
@@ -237,7 +237,7 @@ def test_ipv6_alongside_ipv4_is_fine(survey):
     sheets = sheets_of(survey)
     sheets[N3]["resolve"][MASTER] = {"addresses": ["fd00:10::11", MASTER_ADDR]}
     survey = reparsed(survey, sheets)
-    assert network.check_ipv6(survey) == []
+    assert transport.check_ipv6(survey) == []
 
 
 # ----------------------------------------------------------------------------- MTU
@@ -254,7 +254,7 @@ def test_mtu_mismatch_names_only_the_odd_node(survey):
     _set_mtu(sheets[N3], "ens14f2", 1280)
     survey = reparsed(survey, sheets)
     expect_one(
-        network.check_mtu(survey),
+        transport.check_mtu(survey),
         "mtu-mismatch",
         Severity.ERROR,
         (N3,),
@@ -267,7 +267,7 @@ def test_mtu_of_an_unused_interface_does_not_matter(survey):
     sheets = sheets_of(survey)
     _set_mtu(sheets[N2], "lo", 1500)
     survey = reparsed(survey, sheets)
-    assert network.check_mtu(survey) == []
+    assert transport.check_mtu(survey) == []
 
 
 def test_refused_before_the_peer_listened_is_not_a_firewall(tmp_path):

@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from trainfleet.doctor.checks import network, resources, software, ssh
+from trainfleet.doctor.checks import network, resources, software, ssh, transport
 from trainfleet.doctor.collect import Survey
 from trainfleet.doctor.findings import Finding, merge
 
@@ -19,9 +19,9 @@ CHECKS = (
     network.check_hostnames,
     network.check_client_names,
     network.check_interfaces,
-    network.check_mtu,
-    network.check_ipv6,
-    network.check_slow_link,
+    transport.check_mtu,
+    transport.check_ipv6,
+    transport.check_slow_link,
     software.check_versions,
     software.check_torch,
     software.check_tools,
