@@ -24,8 +24,8 @@ from trainfleet import sandbox
 from trainfleet.cli.main import main
 from trainfleet.cluster import load_cluster
 from trainfleet.doctor import run_doctor
-from trainfleet.doctor.fix import fingerprint
 from trainfleet.examples import ALLREDUCE
+from trainfleet.keyscan import fingerprint
 from trainfleet.remote import Failure, run_on_nodes
 
 pytestmark = pytest.mark.cluster

@@ -12,6 +12,7 @@ pytestmark = pytest.mark.unit
 
 MODULES = [
     "trainfleet.units",
+    "trainfleet.keyscan",
     "trainfleet.catalog",
     "trainfleet.catalog.ids",
     "trainfleet.remote.failures",

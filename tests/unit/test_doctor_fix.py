@@ -16,14 +16,13 @@ from trainfleet.doctor.findings import Finding, Severity
 from trainfleet.doctor.fix import (
     _append_here,
     apply_plan,
-    fingerprint,
     new_cluster_yaml,
     pin_interfaces,
     plan_fixes,
     render_plan,
-    unknown_key_name,
 )
 from trainfleet.errors import TrainfleetError
+from trainfleet.keyscan import fingerprint, unknown_key_name
 
 pytestmark = pytest.mark.unit
 

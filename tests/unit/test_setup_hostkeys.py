@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from trainfleet.doctor.fix import fingerprint
+from trainfleet.keyscan import fingerprint
 from trainfleet.setup import hostkeys
 from trainfleet.setup.hostkeys import Target, known_hosts_names, plan_names
 from trainfleet.setup.launchside import question
@@ -57,7 +57,7 @@ def test_a_key_that_is_not_type_and_base64_is_never_a_line():
 
 
 def test_ssh_error_text_from_a_probe_names_only_a_plain_host():
-    from trainfleet.doctor.fix import unknown_key_name
+    from trainfleet.keyscan import unknown_key_name
 
     said = "No ED25519 host key is known for {} and you have requested strict checking."
     assert unknown_key_name(said.format("gpu-node-2")) == "gpu-node-2"

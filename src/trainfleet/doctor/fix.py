@@ -20,8 +20,6 @@ changed host key is never trusted, a process holding a port is never killed.
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 import re
 import shutil
@@ -38,19 +36,14 @@ from trainfleet.doctor.checks.software import stale_jit_locks
 from trainfleet.doctor.findings import Finding, Severity
 from trainfleet.errors import SpecError, TrainfleetError
 from trainfleet.files import write_private
+from trainfleet.keyscan import fingerprint, keyscan, port_of, unknown_key_name
 from trainfleet.remote import Failure, run_on_nodes
 from trainfleet.spec_yaml import LineDict, LineList, load_yaml_with_lines
-from trainfleet.untrusted import printable, valid_interface, valid_key, valid_known_hosts_name
+from trainfleet.untrusted import printable, valid_interface
 
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 THIS_MACHINE = "this machine"
-KEYSCAN_TIMEOUT_S = 5
 INTERFACE_FINDINGS = (FindingId.IFACE_MISMATCH, FindingId.IFACE_WRONG)
-
-# OpenSSH's sshconnect.c, with StrictHostKeyChecking=yes (BatchMode) and no entry for the host:
-# "No ED25519 host key is known for [10.0.0.2]:2222 and you have requested strict checking."
-# The name is exactly what ssh looks up in known_hosts (HostKeyAlias, HostName, [name]:port).
-_UNKNOWN_KEY = re.compile(r"No \S+ host key is known for (\S+) and you have requested strict")
 
 # Appends lines to a known_hosts file unless already there; run the same way here and on nodes
 # (stdin: {"file", "lines"}; stdout: how many lines were added). Python 3.8 syntax.
@@ -144,48 +137,6 @@ class FixPlan:
 
 
 # ----------------------------------------------------------------------------- host keys
-def fingerprint(key: str) -> str:
-    """`ssh-ed25519 AAAA...` -> `ssh-ed25519 SHA256:...`, as `ssh-keygen -l` prints it."""
-    kind, blob = key.split()[:2]
-    digest = hashlib.sha256(base64.b64decode(blob)).digest()
-    return f"{kind} SHA256:{base64.b64encode(digest).decode().rstrip('=')}"
-
-
-def unknown_key_name(stderr: str) -> str | None:
-    """The known_hosts name ssh looked up and did not find, from its error text (a probe's
-    report can carry any text: only a plain name or `[name]:port` counts)."""
-    match = _UNKNOWN_KEY.search(stderr)
-    if not match:
-        return None
-    name = match.group(1)
-    return name if valid_known_hosts_name(name) else None
-
-
-def _port_of(name: str) -> int:
-    match = re.fullmatch(r"\[.+\]:(\d+)", name)
-    return int(match.group(1)) if match else 22
-
-
-def keyscan(address: str, port: int) -> list[str]:
-    """The host keys `address:port` offers, as `type base64` (empty when it does not answer)."""
-    try:
-        out = subprocess.run(
-            ["ssh-keyscan", "-T", str(KEYSCAN_TIMEOUT_S), "-p", str(port), "--", address],
-            capture_output=True,
-            text=True,
-            timeout=KEYSCAN_TIMEOUT_S + 5,
-            check=False,
-        ).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    keys = []
-    for line in out.splitlines():
-        parts = line.split()
-        if len(parts) >= 3 and not line.startswith("#"):
-            keys.append(f"{parts[1]} {parts[2]}")
-    return sorted({key for key in keys if valid_key(key)})
-
-
 def _unknown_keys(report: DoctorReport) -> list[tuple[str, str, str, str]]:
     """(target, known_hosts file, name, peer) for every ssh that failed on an unknown key."""
     survey = report.survey
@@ -214,7 +165,7 @@ def plan_host_keys(report: DoctorReport, plan: FixPlan) -> None:
         if not address:
             plan.not_done.append(f"host key of {peer}: its address is unknown here")
             continue
-        where = (address, _port_of(name))
+        where = (address, port_of(name))
         if where not in scanned:
             scanned[where] = keyscan(*where)
         if not scanned[where]:
