@@ -176,6 +176,26 @@ def test_a_process_group_a_successful_script_left_is_destroyed_before_teardown(
     assert done.stdout == f"initialized at exit {left_initialized}\n"
 
 
+@pytest.mark.parametrize("ending", ["", "sys.exit(0)\n"])
+def test_what_holds_the_group_is_let_go_at_exit_while_the_interpreter_is_whole(tmp_path, ending):
+    # A fresh-clone run of 2026-11-24 lost the Accelerate job again with the group destroyed:
+    # torch's imports keep the script's namespace alive (dill, sys.modules["__mp_main__"]), so
+    # a DDP model there took the group's gloo threads into the interpreter's teardown.
+    script = (
+        "import builtins, os, sys, weakref, torch, torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\n"
+        "model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1))\n"
+        "model.loop = [model]\n"
+        # The callback binds its names now: the namespace is cleared by the time it runs.
+        "said = lambda _, os=os, sys=sys: os.write(\n"
+        "    1, b'collected, finalizing: %d\\n' % sys.is_finalizing())\n"
+        "builtins.WATCH = weakref.ref(model, said)\n" + ending
+    )
+    done = _run_shim(tmp_path, script)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "collected, finalizing: 0\n"
+
+
 def test_prefixed_output_tags_every_line_of_the_rank_and_its_children(tmp_path):
     script = (
         "import subprocess, sys\n"

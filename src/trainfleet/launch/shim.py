@@ -30,6 +30,7 @@ TRAINFLEET_JIT_LOCK_REPORT_S (seconds between the lock-wait reports; default 60)
 
 import atexit
 import functools
+import gc
 import importlib.abc
 import importlib.util
 import json
@@ -53,6 +54,10 @@ def mark(event):
     sys.stderr.flush()
 
 
+SCRIPT = {}
+"""`module`: the script's namespace, as init_process_group saw it; `succeeded`: it ended 0."""
+
+
 def wrap_init(dist):
     original = dist.init_process_group
     if getattr(original, "_trainfleet", False):
@@ -63,6 +68,8 @@ def wrap_init(dist):
         mark("entered")
         result = original(*args, **kwargs)
         mark("joined")
+        # The namespace the script runs in (runpy's module, __main__ while it runs).
+        SCRIPT["module"] = sys.modules.get("__main__")
         return result
 
     init_process_group._trainfleet = True
@@ -295,6 +302,7 @@ def main(argv):
     ):
         args = args + ["--local_rank=%s" % os.environ.get("LOCAL_RANK", "0")]
     sys.meta_path.insert(0, _AfterImport())
+    atexit.register(end_script_namespace)
     mark("started")
     sys.argv = [target] + args
     try:
@@ -309,6 +317,7 @@ def main(argv):
         code = exc.code
         status = code if isinstance(code, int) else (0 if code is None else 1)
         if status == 0:
+            exc.__traceback__ = None  # its frames would keep the script's objects alive
             release_process_group()
         mark("exit=%d" % status)
         raise
@@ -319,6 +328,21 @@ def main(argv):
     mark("exit=0")
 
 
+def end_script_namespace():
+    """Last at exit (registered before the script's own handlers, so it runs after them): the
+    namespace of a script that succeeded is cleared and collected, while the interpreter is
+    whole. Modules the script imported keep that namespace alive (dill's `_main_module`,
+    `sys.modules["__mp_main__"]`), and with it what holds the process group (a DDP model, an
+    Accelerator): the group's gloo threads would otherwise end in the interpreter's own
+    teardown, which can abort a rank that finished ("terminate called without an active
+    exception", exit -6)."""
+    module = SCRIPT.get("module")
+    if not SCRIPT.get("succeeded") or module is None or module is sys.modules.get("__main__"):
+        return
+    vars(module).clear()
+    gc.collect()
+
+
 def release_process_group():
     """Destroys the default process group a script that succeeded left behind.
 
@@ -326,10 +350,14 @@ def release_process_group():
     that had finished its work ("terminate called without an active exception", exit -6),
     failing the run after the fact. Only after success: a rank that failed may have peers
     still inside a collective, where destroying could block (torchtitan destroys only then).
+    Reference cycles are collected first; what the script's namespace still holds is let go
+    at exit (end_script_namespace).
     """
+    SCRIPT["succeeded"] = True
     dist = sys.modules.get("torch.distributed")
     if dist is None:
         return
+    gc.collect()
     try:
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
