@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import re
 import sys
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -690,13 +689,3 @@ def _visible_ids(visible: str, gpus: int) -> list[int]:
 def _local_gpu_count() -> int:
     """NVIDIA GPUs on this machine, from device nodes (no driver call, no torch import)."""
     return sum(1 for p in Path("/dev").glob("nvidia[0-9]*"))
-
-
-def backup_name(path: str) -> str:
-    """`path.YYYYmmdd-HHMMSS`, made unique: an older backup is never overwritten."""
-    stem = f"{path}.{time.strftime('%Y%m%d-%H%M%S')}"
-    candidate, n = stem, 0
-    while Path(candidate).exists():
-        n += 1
-        candidate = f"{stem}-{n}"
-    return candidate

@@ -24,9 +24,9 @@ from trainfleet import sandbox
 from trainfleet.cli.main import main
 from trainfleet.cluster import load_cluster
 from trainfleet.doctor import run_doctor
-from trainfleet.doctor.fix import fingerprint
 from trainfleet.examples import ALLREDUCE
 from trainfleet.remote import Failure, run_on_nodes
+from trainfleet.sshkeys import fingerprint
 
 pytestmark = pytest.mark.cluster
 

@@ -33,6 +33,8 @@ MODULES = [
     "trainfleet.launch.plan",
     "trainfleet.untrusted",
     "trainfleet.files",
+    "trainfleet.clusterfile",
+    "trainfleet.sshkeys",
     "trainfleet.launch.restarts",
     "trainfleet.launch.rootcause",
     "trainfleet.procs",

@@ -8,10 +8,10 @@ import subprocess
 
 import pytest
 
-from trainfleet.doctor.fix import fingerprint
 from trainfleet.setup import hostkeys
 from trainfleet.setup.hostkeys import Target, known_hosts_names, plan_names
 from trainfleet.setup.launchside import question
+from trainfleet.sshkeys import fingerprint
 
 pytestmark = pytest.mark.unit
 

@@ -23,9 +23,9 @@ import subprocess
 from dataclasses import dataclass, field
 
 from trainfleet.cluster import Node
-from trainfleet.doctor.fix import fingerprint, keyscan
 from trainfleet.remote import ssh_options
 from trainfleet.setup import nodejob
+from trainfleet.sshkeys import fingerprint, keyscan
 from trainfleet.untrusted import valid_key, valid_known_hosts_name, valid_name
 
 
