@@ -40,3 +40,7 @@ class RemoteError(TrainfleetError):
 
 class SetupError(TrainfleetError):
     """`trainfleet setup` or `sync` cannot make a change (a node refuses, a key is not trusted)."""
+
+
+class ClusterFileError(TrainfleetError):
+    """A change to cluster.yaml that cannot be made safely; the file is left as it was."""

@@ -55,6 +55,7 @@ MODULES = [
     "trainfleet.launch.plan",
     "trainfleet.untrusted",
     "trainfleet.files",
+    "trainfleet.clusterfile",
     "trainfleet.launch.restarts",
     "trainfleet.launch.rootcause",
     "trainfleet.procs",

@@ -9,15 +9,14 @@ import subprocess
 import pytest
 from doctor_fixtures import make_survey, reparsed, sheets_of, window, with_id
 
-from trainfleet.cluster import load_cluster, parse_cluster_yaml
+from trainfleet import clusterfile
+from trainfleet.cluster import parse_cluster_yaml
 from trainfleet.doctor import DoctorReport, node_summaries
 from trainfleet.doctor.checks import network, run_checks
 from trainfleet.doctor.findings import Finding, Severity
 from trainfleet.doctor.fix import (
     _append_here,
     apply_plan,
-    new_cluster_yaml,
-    pin_interfaces,
     plan_fixes,
     render_plan,
 )
@@ -79,59 +78,6 @@ def test_append_known_hosts_creates_0600_keeps_old_lines_and_never_duplicates(tm
     ]
 
 
-CLUSTER = """\
-# our two boxes
-master: a
-nodes:
-  - host: a            # the master
-    slots: 8
-  - slots: 8
-    host: b
-    interface: eth9    # old guess
-  - c   # short form
-  - 'd'
-"""
-
-
-def test_pin_interfaces_edits_in_place_and_keeps_comments():
-    edited = pin_interfaces(CLUSTER, "cluster.yaml", {"a": "ens1", "b": "ens2", "c": "ens3"})
-    assert edited.splitlines() == [
-        "# our two boxes",
-        "master: a",
-        "nodes:",
-        "  - host: a            # the master",
-        "    interface: ens1",
-        "    slots: 8",
-        "  - slots: 8",
-        "    host: b",
-        "    interface: ens2    # old guess",
-        "  - {host: c, interface: ens3}   # short form",
-        "  - 'd'",
-    ]
-    nodes = {n.host: n.interface for n in parse_cluster_yaml(edited, "x").nodes}
-    assert nodes == {"a": "ens1", "b": "ens2", "c": "ens3", "d": None}
-
-
-def test_pin_interfaces_refuses_what_it_cannot_edit_safely():
-    with pytest.raises(TrainfleetError, match="cannot edit"):
-        pin_interfaces("nodes:\n  - {host: a, slots: 2}\n", "c.yaml", {"a": "ens1"})
-    with pytest.raises(TrainfleetError, match="node z not found"):
-        pin_interfaces(CLUSTER, "c.yaml", {"z": "ens1"})
-
-
-def test_new_cluster_yaml_from_a_hostfile_pins_and_keeps_slots(tmp_path):
-    hostfile = tmp_path / "hostfile"
-    hostfile.write_text("n1 slots=8\nn2 slots=4\n")
-    cluster = load_cluster(hostfile=str(hostfile))
-    text = new_cluster_yaml(cluster, {"n2": "ens2"})
-    parsed = parse_cluster_yaml(text, "cluster.yaml")
-    assert [(n.host, n.slots, n.interface) for n in parsed.nodes] == [
-        ("n1", 8, None),
-        ("n2", 4, "ens2"),
-    ]
-    assert str(hostfile) in text.splitlines()[0]
-
-
 def test_fix_pins_interfaces_and_the_mismatch_is_gone(tmp_path):
     """One GLOO/NCCL_SOCKET_IFNAME for nodes whose interfaces are named differently (seed 000):
     --fix pins each node's own interface, after which the check finds nothing."""
@@ -179,7 +125,7 @@ def test_an_interface_name_a_node_reports_is_never_written_unless_it_is_one(tmp_
     assert any(f"interface of {N2}" in n and "not an interface name" in n for n in plan.not_done)
     assert "LD_PRELOAD" not in plan.interfaces.text
     with pytest.raises(TrainfleetError):
-        new_cluster_yaml(survey.cluster, {N2: evil})
+        clusterfile.new(survey.cluster, nodes={N2: {"interface": evil}}, written_by="test")
 
 
 def test_a_pinned_interface_that_is_not_the_route_to_the_master_is_a_warning(tmp_path):
@@ -190,7 +136,8 @@ def test_a_pinned_interface_that_is_not_the_route_to_the_master_is_a_warning(tmp
     )
     text = (tmp_path / "cluster.yaml").read_text()
     survey = reparsed(survey, sheets)
-    survey.cluster = parse_cluster_yaml(pin_interfaces(text, "c", {N2: "ens9"}), "c")
+    pinned = clusterfile.edit(text, "c", nodes={N2: {"interface": "ens9"}})
+    survey.cluster = parse_cluster_yaml(pinned, "c")
     findings = with_id(network.check_interfaces(survey), "iface-wrong")
     assert [(f.nodes, f.severity) for f in findings] == [((N2,), Severity.WARNING)]
     assert "pins interface ens9" in findings[0].evidence[0] and "ens14f1" in findings[0].fix
@@ -209,12 +156,3 @@ def test_what_fix_never_does_is_listed_with_the_reason(tmp_path):
     text = render_plan(plan)
     assert "nothing it can change safely" in text
     assert f"firewall-blocks-ports [{N3}]: doctor never changes a firewall" in text
-
-
-def test_a_backup_never_overwrites_an_older_one(tmp_path, monkeypatch):
-    from trainfleet import cluster
-
-    monkeypatch.setattr(cluster.time, "strftime", lambda _: "20261121-120000")
-    path = tmp_path / "cluster.yaml"
-    (tmp_path / "cluster.yaml.20261121-120000").write_text("the original")
-    assert cluster.backup_name(str(path)) == f"{path}.20261121-120000-1"

@@ -25,7 +25,6 @@ pytestmark = pytest.mark.unit
 
 MODULES = [
     "trainfleet.setup.askpass",
-    "trainfleet.setup.clusterdoc",
     "trainfleet.setup.env",
     "trainfleet.setup.firewall",
     "trainfleet.setup.fwstate",

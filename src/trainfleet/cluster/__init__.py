@@ -14,9 +14,6 @@ user did not ask for is ever executed.
 
 from __future__ import annotations
 
-import time
-from pathlib import Path
-
 from trainfleet.cluster.hostfile import filter_nodes, parse_hostfile
 from trainfleet.cluster.load import load_cluster
 from trainfleet.cluster.model import (
@@ -37,20 +34,9 @@ __all__ = [
     "Cluster",
     "Node",
     "SshOptions",
-    "backup_name",
     "check_host",
     "filter_nodes",
     "load_cluster",
     "parse_cluster_yaml",
     "parse_hostfile",
 ]
-
-
-def backup_name(path: str) -> str:
-    """`path.YYYYmmdd-HHMMSS`, made unique: an older backup is never overwritten."""
-    stem = f"{path}.{time.strftime('%Y%m%d-%H%M%S')}"
-    candidate, n = stem, 0
-    while Path(candidate).exists():
-        n += 1
-        candidate = f"{stem}-{n}"
-    return candidate

@@ -21,24 +21,20 @@ changed host key is never trusted, a process holding a port is never killed.
 from __future__ import annotations
 
 import json
-import re
-import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainfleet import probe
+from trainfleet import clusterfile, probe
 from trainfleet.catalog import FindingId
-from trainfleet.cluster import Cluster, backup_name, parse_cluster_yaml
+from trainfleet.cluster import Cluster
 from trainfleet.doctor import DoctorReport
 from trainfleet.doctor.checks.software import stale_jit_locks
 from trainfleet.doctor.findings import Finding, Severity
-from trainfleet.errors import SpecError, TrainfleetError
-from trainfleet.files import write_private
+from trainfleet.errors import ClusterFileError, SpecError
 from trainfleet.keyscan import fingerprint, keyscan, port_of, unknown_key_name
 from trainfleet.remote import Failure, run_on_nodes
-from trainfleet.spec_yaml import LineDict, LineList, load_yaml_with_lines
 from trainfleet.untrusted import printable, valid_interface
 
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
@@ -60,10 +56,6 @@ with os.fdopen(fd, "a") as f:
     f.write(gap + "".join(line + "\\n" for line in new))
 print(len(new))
 """
-
-
-class FixError(TrainfleetError):
-    """A change --fix cannot make safely; the user is told what to do instead."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -177,81 +169,6 @@ def plan_host_keys(report: DoctorReport, plan: FixPlan) -> None:
 
 
 # ----------------------------------------------------------------------------- interfaces
-def _node_entries(text: str, source: str) -> dict[str, tuple[int, LineDict | None]]:
-    """host -> (line of its list item, its mapping or None for the `- host` short form)."""
-    doc = load_yaml_with_lines(text, source)
-    nodes = doc.get("nodes") if isinstance(doc, LineDict) else None
-    if not isinstance(nodes, LineList):
-        raise FixError(f"{source}: no `nodes:` list", "check the file with `trainfleet doctor`")
-    entries = {}
-    for raw, line in zip(nodes, nodes.item_lines, strict=True):
-        if isinstance(raw, str):
-            entries[raw] = (line, None)
-        elif isinstance(raw, LineDict) and isinstance(raw.get("host"), str):
-            entries[raw["host"]] = (line, raw)
-    return entries
-
-
-def pin_interfaces(text: str, source: str, interfaces: dict[str, str]) -> str:
-    """cluster.yaml `text` with `interface: NAME` set on each node in `interfaces`; every other
-    line (comments included) kept. Raises FixError where the layout is not one it can edit."""
-    lines = text.splitlines(keepends=True)
-    inserts: dict[int, str] = {}
-    entries = _node_entries(text, source)
-    for host, iface in interfaces.items():
-        if host not in entries:
-            raise FixError(f"{source}: node {host} not found", f"add `interface: {iface}` to it")
-        line, mapping = entries[host]
-        index = line - 1
-        if mapping is None:  # `- gpu-node-1` becomes `- {host: gpu-node-1, interface: X}`
-            short = re.match(r"^(\s*-\s*)(['\"]?)([^'\"#\s]+)\2(.*)$", lines[index], re.DOTALL)
-            if not short or short.group(3) != host:
-                raise FixError(f"{source}:{line}: cannot edit this entry", "")
-            lines[index] = f"{short.group(1)}{{host: {host}, interface: {iface}}}{short.group(4)}"
-        elif "interface" in mapping:
-            at = mapping.line_of("interface") - 1
-            value = r"(interface:\s*)(['\"]?)[^'\"#\s]+\2"
-            lines[at] = re.sub(value, rf"\g<1>{iface}", lines[at], count=1)
-        else:
-            host_line = lines[mapping.line_of("host") - 1]
-            column = host_line.find("host:")
-            if column < 0 or "{" in host_line:
-                raise FixError(f"{source}:{line}: cannot edit this entry", "")
-            inserts[mapping.line_of("host")] = " " * column + f"interface: {iface}\n"
-    for after in sorted(inserts, reverse=True):
-        if not lines[after - 1].endswith("\n"):
-            lines[after - 1] += "\n"
-        lines.insert(after, inserts[after])
-    edited = "".join(lines)
-    pinned = {n.host: n.interface for n in parse_cluster_yaml(edited, source).nodes}
-    wrong = [h for h, iface in interfaces.items() if pinned.get(h) != iface]
-    if wrong:
-        raise FixError(f"{source}: editing it did not pin {', '.join(wrong)}", "")
-    return edited
-
-
-def new_cluster_yaml(cluster: Cluster, interfaces: dict[str, str]) -> str:
-    """A cluster.yaml for a cluster that came from a hostfile or --hosts, interfaces pinned."""
-    lines = [
-        f"# written by `trainfleet doctor --fix` from {cluster.source}; use it with -c",
-        f"master: {cluster.master}",
-        f"master_port: {cluster.master_port}",
-        "nodes:",
-    ]
-    for node in cluster.nodes:
-        lines += [f"  - host: {node.host}", f"    slots: {node.slots}"]
-        if node.host in interfaces:
-            lines.append(f"    interface: {interfaces[node.host]}")
-    text = "\n".join(lines) + "\n"
-    # Read back: exactly these nodes, slots and interfaces, and nothing else (no env, no ssh).
-    written = parse_cluster_yaml(text, "cluster.yaml")
-    got = [(n.host, n.slots, n.interface, dict(n.env)) for n in written.nodes]
-    want = [(n.host, n.slots, interfaces.get(n.host), {}) for n in cluster.nodes]
-    if got != want:
-        raise FixError("the cluster.yaml --fix would write does not read back as planned", "")
-    return text
-
-
 def plan_interfaces(report: DoctorReport, cluster_file: str | None, plan: FixPlan) -> None:
     survey = report.survey
     if survey is None:
@@ -270,15 +187,17 @@ def plan_interfaces(report: DoctorReport, cluster_file: str | None, plan: FixPla
                 interfaces[host] = chosen
     if not interfaces:
         return
+    pins = {host: {"interface": iface} for host, iface in interfaces.items()}
     if cluster_file:
         text = Path(cluster_file).read_text()
         try:
-            edited = pin_interfaces(text, cluster_file, interfaces)
-        except FixError as exc:
+            edited = clusterfile.edit(text, cluster_file, nodes=pins)
+        except (ClusterFileError, SpecError) as exc:
             plan.not_done.append(f"interfaces: {exc}")
             return
+        backup = clusterfile.backup_name(cluster_file)
         plan.interfaces = InterfaceFix(
-            path=cluster_file, text=edited, interfaces=interfaces, backup=backup_name(cluster_file)
+            path=cluster_file, text=edited, interfaces=interfaces, backup=backup
         )
         return
     path = "cluster.yaml"
@@ -288,8 +207,8 @@ def plan_interfaces(report: DoctorReport, cluster_file: str | None, plan: FixPla
         )
         return
     try:
-        text = new_cluster_yaml(survey.cluster, interfaces)
-    except (FixError, SpecError) as exc:
+        text = clusterfile.new(survey.cluster, nodes=pins, written_by="trainfleet doctor --fix")
+    except (ClusterFileError, SpecError) as exc:
         plan.not_done.append(f"interfaces: {exc}")
         return
     plan.interfaces = InterfaceFix(path=path, text=text, interfaces=interfaces, backup=None)
@@ -414,12 +333,10 @@ def apply_plan(plan: FixPlan, cluster: Cluster) -> list[str]:
         done.append(f"{fix.target}: {fix.known_hosts}: {outcome} line(s) added for {fix.name}")
     if plan.interfaces:
         fix = plan.interfaces
+        clusterfile.save(fix.path, fix.text, backup=fix.backup)
         if fix.backup:
-            shutil.copy2(fix.path, fix.backup)
-            write_private(fix.path, fix.text)
             done.append(f"{fix.path}: interfaces pinned (old file: {fix.backup})")
         else:
-            write_private(fix.path, fix.text, exclusive=True)
             done.append(f"{fix.path}: written; pass it with -c {fix.path}")
     for fix in plan.jit_locks:
         done += remove_jit_locks(fix, cluster)

@@ -19,11 +19,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
+from trainfleet import clusterfile
 from trainfleet.cluster import Cluster, parse_cluster_yaml, parse_hostfile
 from trainfleet.doctor.facts import NodeFacts
 from trainfleet.errors import SetupError
 from trainfleet.nodeset import fold_names
-from trainfleet.setup import clusterdoc, verify
+from trainfleet.setup import verify
 from trainfleet.setup.result import THIS_MACHINE, SetupResult, fold_notes
 
 HEADER = "# written by `trainfleet setup hostfile` (DeepSpeed/MPI format: HOST slots=N)\n"
@@ -89,10 +90,11 @@ def setup_hostfile(
     result.files["hostfile"] = hostfile_out
 
     out = cluster_out or cluster_in or str(Path(hostfile_out).parent / "cluster.yaml")
-    header, doc = clusterdoc.base_document(cluster, cluster_in, out)
-    doc = clusterdoc.with_node_fields(doc, {h: {"slots": n} for h, n in slots.items()})
-    text = clusterdoc.text_of(doc, header)
-    done = clusterdoc.write(out, text, dry_run=dry_run)
+    base, source = clusterfile.base_text(
+        cluster, cluster_in=cluster_in, out=out, written_by="trainfleet setup hostfile"
+    )
+    text = clusterfile.edit(base, source, nodes={h: {"slots": n} for h, n in slots.items()})
+    done = clusterfile.write(out, text, dry_run=dry_run)
     if done:
         result.add(THIS_MACHINE, done)
     result.files["cluster"] = out
