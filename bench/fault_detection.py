@@ -42,7 +42,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from trainfleet import sandbox
-from trainfleet.launch.bootstrap import descendants
+from trainfleet.node.bootstrap import descendants
 from trainfleet.procs import cmdline
 from trainfleet.sandbox.netns import netns_pids
 from trainfleet.train import demo_assets

@@ -75,10 +75,10 @@ def no_stale_jit_lock_from_an_earlier_session():
     rule `doctor --fix` uses (no process holds or builds under it, older than a minute)."""
     import warnings
 
-    from trainfleet import probe
+    from trainfleet.node import jitlocks
 
-    stale = [lock["path"] for lock in probe.stale_jit_locks()]
+    stale = [lock["path"] for lock in jitlocks.stale_jit_locks()]
     if stale:
-        outcome = probe.remove_stale_jit_locks(stale)
+        outcome = jitlocks.remove_stale_jit_locks(stale)
         warnings.warn(f"an earlier session left torch JIT locks: {outcome}", stacklevel=1)
     yield

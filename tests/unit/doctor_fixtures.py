@@ -22,12 +22,12 @@ from pathlib import Path
 
 import pytest
 
-from trainfleet import probe
 from trainfleet.cluster import parse_cluster_yaml
 from trainfleet.doctor.checks import software
 from trainfleet.doctor.collect import Survey
 from trainfleet.doctor.facts import NodeFacts, parse_fact_sheet
 from trainfleet.doctor.findings import Finding, Severity
+from trainfleet.node import probe
 from trainfleet.remote import NodeResult
 
 FIXTURE = Path(__file__).parent / "fixtures" / "doctor" / "healthy3.json"

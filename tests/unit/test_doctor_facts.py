@@ -16,7 +16,7 @@ from collections.abc import Mapping
 import pytest
 from doctor_fixtures import NODES, facts_of, make_survey, recorded_sheets, window
 
-from trainfleet import probe
+from trainfleet import node
 from trainfleet.cluster import load_cluster
 from trainfleet.doctor import node_summaries
 from trainfleet.doctor.checks import run_checks
@@ -28,6 +28,7 @@ from trainfleet.doctor.facts import (
     parse_fact_sheet,
     read_fact_sheet,
 )
+from trainfleet.node import probe
 from trainfleet.remote import Failure, NodeResult
 
 # The module, not the function trainfleet.doctor exports under the same name.
@@ -107,7 +108,10 @@ def _full_probe_sheet(tmp_path) -> dict:
         "bandwidth_seconds": 0.2,
     }
     proc = subprocess.run(
-        [sys.executable, "-"], input=probe.payload(params), capture_output=True, timeout=120
+        node.argv(sys.executable),
+        input=node.line("probe", "main", params),
+        capture_output=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr.decode()
     return json.loads(proc.stdout.decode().splitlines()[-1])

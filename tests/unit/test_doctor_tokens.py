@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from trainfleet import probe
+from trainfleet import node
 from trainfleet.cluster import load_cluster
 from trainfleet.remote import Failure, NodeResult
 
@@ -61,7 +61,10 @@ def _probe_with_itself_as_peer(workdir, **extra):
         **extra,
     }
     proc = subprocess.run(
-        [sys.executable, "-"], input=probe.payload(params), capture_output=True, timeout=60
+        node.argv(sys.executable),
+        input=node.line("probe", "main", params),
+        capture_output=True,
+        timeout=60,
     )
     assert proc.returncode == 0, proc.stderr.decode()
     return json.loads(proc.stdout.decode().splitlines()[-1])["active"]

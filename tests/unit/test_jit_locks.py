@@ -24,11 +24,11 @@ from doctor_fixtures import (
     with_id,
 )
 
-from trainfleet import probe
 from trainfleet.doctor import DoctorReport, node_summaries
 from trainfleet.doctor.checks import run_checks, software
 from trainfleet.doctor.findings import Severity
 from trainfleet.doctor.fix import plan_fixes, render_plan
+from trainfleet.node import jitlocks
 
 pytestmark = pytest.mark.unit
 
@@ -71,16 +71,16 @@ def test_a_held_lock_is_busy_and_a_killed_holders_lock_is_stale(extensions):
     holder = _hold(lock)
     try:
         _age(lock, 600)
-        [found] = probe.jit_locks(str(extensions))
+        [found] = jitlocks.jit_locks(str(extensions))
         assert found["path"] == str(lock) and found["busy_pids"] == [holder.pid]
-        assert probe.stale_jit_locks(str(extensions)) == []
+        assert jitlocks.stale_jit_locks(str(extensions)) == []
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
     assert lock.exists()  # what a killed build leaves
-    [found] = probe.jit_locks(str(extensions))
+    [found] = jitlocks.jit_locks(str(extensions))
     assert found["busy_pids"] == [] and found["age_s"] >= 600
-    assert [s["path"] for s in probe.stale_jit_locks(str(extensions))] == [str(lock)]
+    assert [s["path"] for s in jitlocks.stale_jit_locks(str(extensions))] == [str(lock)]
 
 
 def test_a_young_lock_and_a_build_under_way_are_not_stale(extensions):
@@ -94,10 +94,10 @@ def test_a_young_lock_and_a_build_under_way_are_not_stale(extensions):
     # ninja and the compilers work in the build directory while the builder waits for them.
     compiler = subprocess.Popen(["sleep", "60"], cwd=building.parent)
     try:
-        locks = {lock["path"]: lock for lock in probe.jit_locks(str(extensions))}
+        locks = {lock["path"]: lock for lock in jitlocks.jit_locks(str(extensions))}
         assert locks[str(building)]["busy_pids"] == [compiler.pid]
         assert locks[str(young)]["busy_pids"] == [] and locks[str(young)]["age_s"] < 60
-        assert probe.stale_jit_locks(str(extensions)) == []
+        assert jitlocks.stale_jit_locks(str(extensions)) == []
     finally:
         compiler.kill()
         compiler.wait()
@@ -108,7 +108,7 @@ def test_the_default_root_is_searched_with_its_python_and_cuda_level(extensions,
     lock.parent.mkdir(parents=True)
     lock.touch()
     _age(lock, 120)
-    assert [s["path"] for s in probe.stale_jit_locks()] == [str(lock)]
+    assert [s["path"] for s in jitlocks.stale_jit_locks()] == [str(lock)]
 
 
 def test_remove_takes_only_stale_locks_and_nothing_else(extensions, tmp_path):
@@ -124,7 +124,9 @@ def test_remove_takes_only_stale_locks_and_nothing_else(extensions, tmp_path):
     other.touch()
     _age(other, 600)
     try:
-        outcome = probe.remove_stale_jit_locks([str(stale), str(held), str(other)], str(extensions))
+        outcome = jitlocks.remove_stale_jit_locks(
+            [str(stale), str(held), str(other)], str(extensions)
+        )
     finally:
         holder.kill()
         holder.wait()

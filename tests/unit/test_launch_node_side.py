@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from trainfleet.launch import bootstrap, shim
+from trainfleet import node
+from trainfleet.node import shim
 from trainfleet.procs import cmdlines
 
 pytestmark = pytest.mark.unit
@@ -25,14 +26,14 @@ SHIM = Path(shim.__file__)
 
 def _start(argv, run_id="t1", **job_fields) -> subprocess.Popen:
     proc = subprocess.Popen(
-        [sys.executable, "-u", "-c", bootstrap.LOADER],
+        node.argv(sys.executable),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
     job = {"run_id": run_id, "cwd": None, "env": {}, "argv": argv, "shim": "", "grace": 2}
     job.update(job_fields)
-    proc.stdin.write(bootstrap.payload(job))
+    proc.stdin.write(node.line("bootstrap", "main", job))
     proc.stdin.flush()
     return proc
 
@@ -339,11 +340,12 @@ def test_a_rank_waiting_for_a_jit_build_lock_says_so_and_its_joins_are_still_see
 
 
 def _node_files(directory: Path) -> subprocess.CompletedProcess:
-    from trainfleet.launch.deepspeed import node_files_argv
-
     job = {"dir": str(directory), "files": {"shim.py": "print('ours')\n", "node_env.json": "[]"}}
     return subprocess.run(
-        node_files_argv(sys.executable), input=json.dumps(job), capture_output=True, text=True
+        node.argv(sys.executable),
+        input=node.line("files", "put_private", job).decode(),
+        capture_output=True,
+        text=True,
     )
 
 

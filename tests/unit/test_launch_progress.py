@@ -143,6 +143,6 @@ def test_a_node_that_did_not_answer_says_so():
 
 
 def test_heartbeats_carry_the_mark_the_launcher_reads():
-    from trainfleet.launch import shim
+    from trainfleet.node import shim
 
     assert heartbeat.MARK == shim.MARK  # the shim runs without trainfleet, so it has its own

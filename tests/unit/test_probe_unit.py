@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from trainfleet import probe
+from trainfleet import node
+from trainfleet.node import network, peers, probe
 
 pytestmark = pytest.mark.unit
 
@@ -29,7 +30,7 @@ pytestmark = pytest.mark.unit
     ],
 )
 def test_hex_addr(text, expected):
-    assert probe._hex_addr(text) == expected
+    assert network._hex_addr(text) == expected
 
 
 def _listener(host: str = "127.0.0.1", family: int = socket.AF_INET) -> socket.socket:
@@ -48,7 +49,7 @@ def _closed_port() -> int:
 def test_listening_finds_our_own_listener_with_pid_and_command():
     with _listener() as sock:
         port = sock.getsockname()[1]
-        entries = [e for e in probe.listening({port}) if e["port"] == port]
+        entries = [e for e in network.listening({port}) if e["port"] == port]
     assert entries == [
         {"addr": "127.0.0.1", "port": port, "pid": os.getpid(), "cmd": entries[0]["cmd"]}
     ]
@@ -63,21 +64,21 @@ def test_listening_reads_ipv6_sockets():
         pytest.skip(f"cannot bind ::1: {exc}")
     with sock:
         port = sock.getsockname()[1]
-        entries = [e for e in probe.listening(set()) if e["port"] == port]
+        entries = [e for e in network.listening(set()) if e["port"] == port]
     assert entries == [{"addr": "::1", "port": port, "pid": None, "cmd": None}]
 
 
 def test_tcp_check_open():
     with _listener() as sock:
         port = sock.getsockname()[1]
-        status, when = probe.tcp_check("127.0.0.1", port, time.time() + 2, 1.0)
+        status, when = peers.tcp_check("127.0.0.1", port, time.time() + 2, 1.0)
         assert status == "open" and abs(when - time.time()) < 1
 
 
 def test_tcp_check_refused_is_retried_until_the_deadline():
     port = _closed_port()
     start = time.time()
-    status, last_attempt = probe.tcp_check("127.0.0.1", port, start + 0.5, 1.0)
+    status, last_attempt = peers.tcp_check("127.0.0.1", port, start + 0.5, 1.0)
     assert status == "refused" and last_attempt >= start + 0.4  # kept retrying
     assert 0.4 <= time.time() - start < 1.5
 
@@ -86,13 +87,13 @@ def test_listeners_measure_a_stream_and_report_a_port_in_use():
     with _listener("0.0.0.0") as taken:
         busy = taken.getsockname()[1]
         free = _closed_port()
-        listeners = probe.Listeners([free, busy])
+        listeners = peers.Listeners([free, busy])
         try:
             assert listeners.status == {
                 str(free): "listening",
                 str(busy): "bind failed: Address already in use",
             }
-            sent = probe.send_stream("127.0.0.1", free, 0.2)
+            sent = peers.send_stream("127.0.0.1", free, 0.2)
         finally:
             listeners.close_when(1, time.time() + 3)
     assert sent.startswith("sent ")
@@ -104,7 +105,7 @@ def test_listeners_measure_a_stream_and_report_a_port_in_use():
 
 
 def test_send_stream_to_a_closed_port():
-    assert probe.send_stream("127.0.0.1", _closed_port(), 0.1).startswith("not connected")
+    assert peers.send_stream("127.0.0.1", _closed_port(), 0.1).startswith("not connected")
 
 
 def test_payload_runs_as_a_one_node_probe(tmp_path):
@@ -124,8 +125,8 @@ def test_payload_runs_as_a_one_node_probe(tmp_path):
         "bandwidth_from": False,
     }
     proc = subprocess.run(
-        [sys.executable, "-"],
-        input=probe.payload(params),
+        node.argv(sys.executable),
+        input=node.line("probe", "main", params),
         capture_output=True,
         timeout=60,
         cwd=tmp_path,

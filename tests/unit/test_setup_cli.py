@@ -32,7 +32,6 @@ MODULES = [
     "trainfleet.setup.hostkeys",
     "trainfleet.setup.jobs",
     "trainfleet.setup.launchside",
-    "trainfleet.setup.nodejob",
     "trainfleet.setup.result",
     "trainfleet.setup.sync",
     "trainfleet.setup.transfer",

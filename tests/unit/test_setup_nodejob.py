@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from trainfleet.setup import nodejob
+from trainfleet import node
+from trainfleet.node import sshkeys as nodejob
 
 pytestmark = [
     pytest.mark.unit,
@@ -75,7 +76,10 @@ def test_authorized_keys_compare_keys_not_comments_or_options(home):
 def test_the_payload_runs_on_a_plain_python3(home):
     job = {"add_known": [f"gpu-node-1 {KEY}"], "dry_run": True}
     out = subprocess.run(
-        [sys.executable, "-"], input=nodejob.payload(job), capture_output=True, check=True
+        node.argv(sys.executable),
+        input=node.line("sshkeys", "run", job),
+        capture_output=True,
+        check=True,
     )
     result = json.loads(out.stdout.decode().strip().splitlines()[-1])
     assert result["known_added"] == 1 and not (home / ".ssh" / "known_hosts").exists()

@@ -3,7 +3,6 @@ and its prune run for real against this machine."""
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import sys
@@ -11,6 +10,7 @@ import sys
 import pytest
 from doctor_fixtures import facts_of
 
+from trainfleet import node
 from trainfleet.cluster import Node, SshOptions
 from trainfleet.errors import SetupError
 from trainfleet.setup import transfer
@@ -84,8 +84,8 @@ def test_the_prune_removes_exactly_what_this_machine_does_not_have(tmp_path):
         (tmp_path / rel).write_text("x")
     job = {"root": str(tmp_path), "keep": ["train.py", "pkg", "pkg/m.py"], "excludes": ["outputs"]}
     done = subprocess.run(
-        [sys.executable, "-c", transfer._PRUNE],
-        input=json.dumps(job),
+        node.argv(sys.executable),
+        input=node.line("files", "prune", job).decode(),
         capture_output=True,
         text=True,
         check=True,

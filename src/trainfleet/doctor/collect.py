@@ -17,7 +17,7 @@ import secrets
 import socket
 from dataclasses import dataclass, field, replace
 
-from trainfleet import probe
+from trainfleet import node as node_programs
 from trainfleet.cluster import Cluster, Node
 from trainfleet.doctor.facts import FactSheetError, NodeFacts, read_fact_sheet
 from trainfleet.remote import Failure, NodeResult, run_on_nodes, ssh_hostnames, ssh_options
@@ -75,8 +75,8 @@ def _probe_argv(node: Node) -> list[str]:
     """The probe runs with the PATH cluster.yaml gives the node (what `launch` exports there,
     e.g. recorded by `trainfleet setup env`), so its tool checks see what the job will see."""
     if "PATH" in node.env:
-        return ["env", f"PATH={node.env['PATH']}", node.python, "-"]
-    return [node.python, "-"]
+        return ["env", f"PATH={node.env['PATH']}", *node_programs.argv(node.python)]
+    return node_programs.argv(node.python)
 
 
 def _peer_ssh_argv(peer: Node) -> list[str]:
@@ -170,7 +170,7 @@ def collect(
         launch_env=dict(os.environ),
     )
     argv = {n.host: _probe_argv(n) for n in cluster.nodes}
-    payloads = {host: probe.payload(p) for host, p in params.items()}
+    payloads = {host: node_programs.line("probe", "main", p) for host, p in params.items()}
     budget = PAIR_CONNECT_TIMEOUT_S + 2 * START_SKEW_S + (5 if quick else PEER_SSH_LIMIT_S + 20)
     if not quick:  # each probe makes N ssh handshakes: more time when N is large
         budget += PROBE_SECONDS_PER_NODE * len(cluster.nodes)

@@ -2,10 +2,10 @@
 
     >>> findings, seconds = run_collective(survey)  # doctest: +SKIP
 
-One process per node, started over ssh like the probe, each bound (GLOO_SOCKET_IFNAME) to the
-interface trainfleet sets for that node, rendezvous through a TCPStore on the master at a free
-port. Every rank checks the sum. A failure is reported with the rank's own last error line,
-classified into the pitfall it points to.
+One process per node (`trainfleet.node.collective`), started over ssh like the probe, each
+bound (GLOO_SOCKET_IFNAME) to the interface trainfleet sets for that node, rendezvous through a
+TCPStore on the master at a free port. Every rank checks the sum. A failure is reported with
+the rank's own last error line, classified into the pitfall it points to.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import random
 import time
 
+from trainfleet import node as node_programs
 from trainfleet.catalog import FindingId
 from trainfleet.doctor.checks.network import chosen_interfaces
 from trainfleet.doctor.checks.software import node_versions
@@ -22,26 +23,6 @@ from trainfleet.remote import run_on_nodes
 
 TIMEOUT_S = 20
 """The process group's timeout; the whole phase is bounded by it plus start-up."""
-
-SCRIPT = r"""
-import datetime, json, sys, time
-start = time.time()
-addr, port, rank, world = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-import torch
-import torch.distributed as dist
-dist.init_process_group(
-    "gloo", init_method="tcp://%s:%d" % (addr, port), rank=rank, world_size=world,
-    timeout=datetime.timedelta(seconds=float(sys.argv[5])),
-)
-tensor = torch.full((1024,), float(rank + 1))
-dist.all_reduce(tensor)
-expected = world * (world + 1) / 2
-ok = bool((tensor == expected).all())
-dist.destroy_process_group()
-print(json.dumps({"ok": ok, "sum": float(tensor[0]), "expected": expected,
-                  "seconds": round(time.time() - start, 3)}))
-sys.exit(0 if ok else 3)
-"""
 
 # (text in a rank's error, the finding it points to)
 _SIGNATURES = (
@@ -73,25 +54,17 @@ def run_collective(survey: Survey, rng: random.Random | None = None) -> tuple[li
     rng = rng or random.Random()
     port = rng.randrange(*EPHEMERAL_PORTS)
     world = len(survey.cluster.nodes)
-    argv = {}
+    argv, calls = {}, {}
     chosen = chosen_interfaces(survey)  # the interface launch would set, pinned or routed
     for rank, node in enumerate(survey.cluster.nodes):
         iface = chosen[node.host]
         env = [f"GLOO_SOCKET_IFNAME={iface}"] if iface else []
-        argv[node.host] = [
-            "env",
-            *env,
-            node.python,
-            "-c",
-            SCRIPT,
-            survey.master_addr,
-            str(port),
-            str(rank),
-            str(world),
-            str(TIMEOUT_S),
-        ]
+        argv[node.host] = ["env", *env, *node_programs.argv(node.python)]
+        calls[node.host] = node_programs.line(
+            "collective", "all_reduce", survey.master_addr, port, rank, world, TIMEOUT_S
+        )
     start = time.monotonic()
-    results = run_on_nodes(survey.cluster.nodes, argv, timeout=TIMEOUT_S + 30)
+    results = run_on_nodes(survey.cluster.nodes, argv, stdin=calls, timeout=TIMEOUT_S + 30)
     seconds = time.monotonic() - start
     failed = [r for r in results if not r.ok]
     if not failed:

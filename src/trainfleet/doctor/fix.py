@@ -26,7 +26,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainfleet import clusterfile, probe
+from trainfleet import clusterfile
+from trainfleet import node as node_programs
 from trainfleet.catalog import FindingId
 from trainfleet.cluster import Cluster
 from trainfleet.doctor import DoctorReport
@@ -40,22 +41,6 @@ from trainfleet.untrusted import printable, valid_interface
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 THIS_MACHINE = "this machine"
 INTERFACE_FINDINGS = (FindingId.IFACE_MISMATCH, FindingId.IFACE_WRONG)
-
-# Appends lines to a known_hosts file unless already there; run the same way here and on nodes
-# (stdin: {"file", "lines"}; stdout: how many lines were added). Python 3.8 syntax.
-_APPEND_SNIPPET = """\
-import json, os, sys
-job = json.load(sys.stdin)
-path = os.path.expanduser(job["file"])
-os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
-old = open(path).read() if os.path.exists(path) else ""
-new = [line for line in job["lines"] if line not in old.splitlines()]
-fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-gap = "\\n" if old and not old.endswith("\\n") and new else ""
-with os.fdopen(fd, "a") as f:
-    f.write(gap + "".join(line + "\\n" for line in new))
-print(len(new))
-"""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -229,9 +214,9 @@ def plan_jit_locks(report: DoctorReport, plan: FixPlan) -> None:
 def remove_jit_locks(fix: JitLockFix, cluster: Cluster) -> list[str]:
     """The node removes each lock that is still stale; one line per lock."""
     node = cluster.node(fix.node)
-    job = probe.payload({"paths": fix.paths, "extensions_dir": fix.extensions_dir},
-                        function="remove_main")  # fmt: skip
-    [result] = run_on_nodes([node], [node.python, "-"], stdin=job, timeout=30)
+    job = node_programs.line("jitlocks", "remove_main", {"paths": fix.paths,
+                             "extensions_dir": fix.extensions_dir})  # fmt: skip
+    [result] = run_on_nodes([node], node_programs.argv(node.python), stdin=job, timeout=30)
     try:
         outcome = json.loads(result.stdout) if result.ok else {}
     except ValueError:
@@ -306,15 +291,12 @@ def render_plan(plan: FixPlan) -> str:
 
 
 def _append_here(path: str, lines: list[str]) -> str:
-    job = json.dumps({"file": path, "lines": lines})
+    job = node_programs.line("files", "append_lines", {"file": path, "lines": lines})
     done = subprocess.run(
-        [sys.executable, "-c", _APPEND_SNIPPET],
-        input=job,
-        capture_output=True,
-        text=True,
-        check=False,
+        node_programs.argv(sys.executable), input=job, capture_output=True, check=False
     )
-    return done.stdout.strip() if done.returncode == 0 else f"failed: {done.stderr.strip()}"
+    err = done.stderr.decode(errors="replace").strip()
+    return done.stdout.decode().strip() if done.returncode == 0 else f"failed: {err}"
 
 
 def apply_plan(plan: FixPlan, cluster: Cluster) -> list[str]:
@@ -325,9 +307,12 @@ def apply_plan(plan: FixPlan, cluster: Cluster) -> list[str]:
             outcome = _append_here(fix.known_hosts, fix.lines)
         else:
             node = cluster.node(fix.target)
-            job = json.dumps({"file": fix.known_hosts, "lines": fix.lines}).encode()
+            job = {"file": fix.known_hosts, "lines": fix.lines}
             [result] = run_on_nodes(
-                [node], [node.python, "-c", _APPEND_SNIPPET], stdin=job, timeout=30
+                [node],
+                node_programs.argv(node.python),
+                stdin=node_programs.line("files", "append_lines", job),
+                timeout=30,
             )
             outcome = result.stdout.strip() if result.ok else f"failed: {result.reason()}"
         done.append(f"{fix.target}: {fix.known_hosts}: {outcome} line(s) added for {fix.name}")

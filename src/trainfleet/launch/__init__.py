@@ -25,6 +25,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from trainfleet import node as node_programs
 from trainfleet.catalog import FindingId
 from trainfleet.cluster import Cluster
 from trainfleet.doctor import DoctorReport, run_doctor
@@ -194,12 +195,11 @@ def launch(
 
     def dump_stacks(pids: dict[str, dict[int, int]]) -> dict[str, str]:
         nodes = [n for n in cluster.nodes if n.host in pids]
-        argv = {
-            n.host: [n.python, "-c", stacks.JOB, *(f"{r}={pid}" for r, pid in pids[n.host].items())]
-            for n in nodes
-        }
+        argv = {n.host: node_programs.argv(n.python) for n in nodes}
+        ranks = {n.host: [f"{r}={pid}" for r, pid in pids[n.host].items()] for n in nodes}
+        job = {host: node_programs.line("procs", "dump_stacks", ranks[host]) for host in ranks}
         # Bounded: a node whose link is down must not hold up the stop for long.
-        results = run_on_nodes(nodes, argv, timeout=stacks.DUMP_TIMEOUT_S + 5)
+        results = run_on_nodes(nodes, argv, stdin=job, timeout=stacks.DUMP_TIMEOUT_S + 5)
         return {r.node: r.stdout if r.ok else _no_dump(pids[r.node], r.reason()) for r in results}
 
     backend = backend_for(plan)
@@ -212,6 +212,6 @@ def launch(
 
 
 def _no_dump(pids: dict[int, int], why: str) -> str:
-    """stacks.JOB's output for ranks whose node did not answer."""
+    """dump_stacks's output for ranks whose node did not answer."""
     return "".join(f"@@rank {r} pid {pid}\nno stack: the node did not answer ({why})\n"
                    for r, pid in pids.items())  # fmt: skip

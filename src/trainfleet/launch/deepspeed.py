@@ -38,10 +38,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainfleet import node as node_programs
 from trainfleet.cluster import Cluster
 from trainfleet.errors import TrainfleetError
 from trainfleet.files import write_private
-from trainfleet.launch import environment, shim
+from trainfleet.launch import environment
 from trainfleet.launch.backend import Channel, ChannelLine
 from trainfleet.launch.environment import RUNNER_EXPORTS
 from trainfleet.launch.plan import (
@@ -256,79 +257,18 @@ def render_deepspeed(plan: DeepSpeedPlan) -> str:
     return "\n".join(lines)
 
 
-# Writes the shim and the node table into a private directory; removes it with `--remove`.
-# Python 3.8 syntax: it runs on each node's own python. The directory's name is predictable
-# (/tmp/trainfleet-RUN_ID, the same for every node and restart): one that is already there is
-# used only when it is a directory of this user's that no one else can write, else another user
-# of the node could have put a shim of their own there, run as the launching user.
-_NODE_FILES = """\
-import json, os, shutil, stat, sys
-job = json.load(sys.stdin)
-if job.get("remove"):
-    shutil.rmtree(job["dir"], ignore_errors=True)
-    sys.exit(0)
-try:
-    os.mkdir(job["dir"], 0o700)
-except FileExistsError:
-    st = os.lstat(job["dir"])
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
-        sys.stderr.write(
-            "%s was already there and is not this user's private directory (uid %d, mode %o):"
-            " another user may have made it to run their code as you; remove it\\n"
-            % (job["dir"], st.st_uid, stat.S_IMODE(st.st_mode))
-        )
-        sys.exit(3)
-for name, text in job["files"].items():
-    fd = os.open(os.path.join(job["dir"], name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-"""
-
-
-def node_files_job(plan: DeepSpeedPlan, shim_source: str) -> bytes:
-    return json.dumps(
-        {
-            "dir": plan.node_dir,
-            "files": {
-                "shim.py": shim_source,
-                "node_env.json": json.dumps([dataclasses.asdict(e) for e in plan.node_table]),
-            },
-        }
-    ).encode()
-
-
-def node_files_argv(python: str) -> list[str]:
-    return [python, "-c", _NODE_FILES]
+def node_files_job(plan: DeepSpeedPlan) -> bytes:
+    """The shim and the node table into the run's private directory on a node
+    (`trainfleet.node.files.put_private`, which refuses a directory someone else made)."""
+    files = {
+        "shim.py": node_programs.source("shim"),
+        "node_env.json": json.dumps([dataclasses.asdict(e) for e in plan.node_table]),
+    }
+    return node_programs.line("files", "put_private", {"dir": plan.node_dir, "files": files})
 
 
 def remove_job(plan: DeepSpeedPlan) -> bytes:
-    return json.dumps({"dir": plan.node_dir, "remove": True}).encode()
-
-
-KILL_BY_RUN_ID = """\
-import os, signal, sys, time
-tag = ("TRAINFLEET_RUN_ID=" + sys.argv[1]).encode() + b"\\0"
-def job():
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open("/proc/%s/environ" % pid, "rb") as f:
-                if tag in f.read() and int(pid) != os.getpid():
-                    found.append(int(pid))
-        except OSError:
-            pass
-    return found
-for sig, wait in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 1.0)):
-    for pid in job():
-        try:
-            os.kill(pid, sig)
-        except OSError:
-            pass
-    deadline = time.time() + wait
-    while job() and time.time() < deadline:
-        time.sleep(0.1)
-"""
-"""Ends every process on a node whose environment carries the run's id (python 3.8 syntax)."""
+    return node_programs.line("files", "put_private", {"dir": plan.node_dir, "remove": True})
 
 
 _PDSH_PREFIX = re.compile(r"^([^\s:]+): (.*)$", re.DOTALL)
@@ -391,11 +331,8 @@ class DeepSpeedBackend:
         node; then the runner."""
         (run_dir / "hostfile").write_text(plan.hostfile)
         write_private(run_dir / "deepspeed_env", plan.ds_env)
-        python = {n.host: node_files_argv(n.python) for n in cluster.nodes}
-        shim_source = Path(shim.__file__).read_text()
-        pushed = run_on_nodes(
-            cluster.nodes, python, stdin=node_files_job(plan, shim_source), timeout=60
-        )
+        python = {n.host: node_programs.argv(n.python) for n in cluster.nodes}
+        pushed = run_on_nodes(cluster.nodes, python, stdin=node_files_job(plan), timeout=60)
         failed = [r for r in pushed if not r.ok]
         if failed:
             raise TrainfleetError(
@@ -408,11 +345,9 @@ class DeepSpeedBackend:
     def stop(self, plan: DeepSpeedPlan, cluster: Cluster) -> None:
         """DeepSpeed's runner stops its ranks by name (pkill -f); trainfleet then ends whatever
         still carries this run's id in its environment, and removes the run's files."""
-        stop = {
-            n.host: [n.python, "-c", KILL_BY_RUN_ID, plan.options.run_id] for n in cluster.nodes
-        }
-        run_on_nodes(cluster.nodes, stop, timeout=30)
-        python = {n.host: node_files_argv(n.python) for n in cluster.nodes}
+        python = {n.host: node_programs.argv(n.python) for n in cluster.nodes}
+        kill = node_programs.line("procs", "kill_run", plan.options.run_id)
+        run_on_nodes(cluster.nodes, python, stdin=kill, timeout=30)
         run_on_nodes(cluster.nodes, python, stdin=remove_job(plan), timeout=30)
 
 

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from trainfleet import heartbeat
-from trainfleet.launch import shim
 from trainfleet.launch.progress import Progress
 from trainfleet.launch.rootcause import ErrorTracker
+from trainfleet.node import shim
 
 if TYPE_CHECKING:
     from trainfleet.launch.backend import Channel, Plan

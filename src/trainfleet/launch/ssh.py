@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
+from trainfleet import node as node_programs
 from trainfleet.cluster import Cluster
-from trainfleet.launch import bootstrap, shim
 from trainfleet.launch.backend import Channel
 from trainfleet.launch.plan import (
     Backend,
@@ -61,7 +61,7 @@ class SshBackend:
 
     def start(self, plan: LaunchPlan, cluster: Cluster, run_dir: Path) -> list[Channel]:
         """One bootstrap per node."""
-        shim_source = Path(shim.__file__).read_text()
+        shim_source = node_programs.source("shim")
         channels = []
         for node_plan in plan.nodes:
             node = cluster.node(node_plan.host)
@@ -74,8 +74,9 @@ class SshBackend:
                 "grace": plan.options.grace,
                 "lifeline": LIFELINE_S,
             }
-            argv = node_argv(node, [node.python, "-u", "-c", bootstrap.LOADER], multiplex=False)
-            channels.append(Channel(name=node.host, argv=argv, payload=bootstrap.payload(job)))
+            argv = node_argv(node, node_programs.argv(node.python), multiplex=False)
+            payload = node_programs.line("bootstrap", "main", job)
+            channels.append(Channel(name=node.host, argv=argv, payload=payload))
         return channels
 
     def stop(self, plan: LaunchPlan, cluster: Cluster) -> None:

@@ -6,11 +6,10 @@ watchdog fires.
     >>> where_it_waits("State:\\tT (stopped)\\n" + SAMPLE)
     'stopped (SIGSTOP or a debugger), in wait (torch/distributed/distributed_c10d.py:4817)'
 
-On each node, `JOB` (stdlib, run by the node's python over ssh) prints, per pid: the kernel's
-state of the process (/proc/PID/status: `T (stopped)` is a SIGSTOP) and `py-spy dump
---nonblocking` (it reads the process's memory without pausing it, so a stopped or wedged rank
-can be read too). py-spy is looked up beside the node's python, then on PATH; without it the
-state line is all there is, and the dump says how to install it (`pip install py-spy`).
+On each node, `trainfleet.node.procs.dump_stacks` prints, per pid: the kernel's state of the
+process (/proc/PID/status: `T (stopped)` is a SIGSTOP) and `py-spy dump --nonblocking`. py-spy
+is looked up beside the node's python, then on PATH; without it the state line is all there
+is, and the dump says how to install it (`pip install py-spy`). This module reads that output.
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-DUMP_TIMEOUT_S = 10
 SAMPLE = """Process 4242: python -u shim.py -m trainfleet.train.worker
 Python v3.11.7 (/usr/bin/python3.11)
 
@@ -27,40 +25,13 @@ Thread 4242 (idle): "MainThread"
     barrier (deepspeed/comm/torch.py:402)
 """
 
-JOB = """\
-import os, shutil, subprocess, sys
-here = os.path.join(os.path.dirname(sys.executable), "py-spy")
-spy = here if os.access(here, os.X_OK) else shutil.which("py-spy")
-for item in sys.argv[1:]:
-    rank, pid = item.split("=")
-    print("@@rank " + rank + " pid " + pid)
-    try:
-        with open("/proc/%s/status" % pid) as f:
-            print([l for l in f.read().splitlines() if l.startswith("State:")][0])
-    except (OSError, IndexError):
-        print("State:\\tgone (the process has exited)")
-        continue
-    if not spy:
-        print("py-spy is not installed on this node: `pip install py-spy` into its python")
-        continue
-    try:
-        done = subprocess.run([spy, "dump", "--nonblocking", "--pid", pid],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              universal_newlines=True, timeout=DUMP_TIMEOUT)
-        print(done.stdout)
-    except subprocess.TimeoutExpired:
-        print("py-spy dump did not answer within DUMP_TIMEOUT s")
-    sys.stdout.flush()
-""".replace("DUMP_TIMEOUT", str(DUMP_TIMEOUT_S))
-"""Runs on a node: `python -c JOB RANK=PID ...` (python 3.8 syntax)."""
-
 _RANK_HEADER = re.compile(r"^@@rank (\d+) pid (\d+)$", re.M)
 _MAIN_THREAD = re.compile(r'^Thread \d+ \(\w+\): "MainThread"\n\s+(.+)$', re.M)
 _ANY_THREAD = re.compile(r"^Thread \d+ \(\w+\).*\n\s+(.+)$", re.M)
 
 
 def split_dump(text: str) -> dict[int, str]:
-    """A node's JOB output -> each rank's part."""
+    """A node's dump_stacks output -> each rank's part."""
     parts = _RANK_HEADER.split(text)
     return {int(parts[i]): parts[i + 2].strip() + "\n" for i in range(1, len(parts) - 2, 3)}
 

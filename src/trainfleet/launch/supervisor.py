@@ -392,7 +392,8 @@ def supervise(
     """Run `channels` to their end: each rank's output goes to `run_dir/logs/NODE.rankN.log`
     (NODE.log for lines of no rank). `diagnose` runs (in a thread, while the ranks stop) when
     not every rank joined; its findings go into the result. `dump_stacks({node: {rank: pid}})`
-    -> {node: text of stacks.JOB} runs when the run hangs, before the stop."""
+    -> {node: what trainfleet.node.procs.dump_stacks printed} runs when the run hangs, before
+    the stop."""
     run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     return asyncio.run(
         _supervise(plan, channels, run_dir, out or sys.stdout, diagnose, dump_stacks, restarts)

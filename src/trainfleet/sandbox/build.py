@@ -18,6 +18,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from trainfleet import node as node_programs
 from trainfleet.cluster import DEFAULT_MASTER_PORT
 from trainfleet.errors import SandboxError
 from trainfleet.sandbox import files, netns, users
@@ -366,27 +367,20 @@ def _port_open(address: str, port: int) -> bool:
         return False
 
 
-_PORT_HOLDER = (
-    "import socket, sys, time\n"
-    "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
-    "s.bind(('0.0.0.0', int(sys.argv[1]))); s.listen(8)\n"
-    "print('ready', flush=True)\n"
-    "while True: time.sleep(3600)\n"
-)
-
-
 def _start_port_holders(sandbox: Sandbox) -> None:
     """The 'leftover process from the last run' that holds the master port (seed 000 §5.3)."""
     for index in _faulted(sandbox, "port-in-use"):
-        argv = sandbox.exec_argv(index, ["python3", "-c", _PORT_HOLDER, str(sandbox.master_port)])
+        argv = sandbox.exec_argv(index, node_programs.argv("python3"))
         proc = subprocess.Popen(
             argv,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
             text=True,
         )
+        proc.stdin.write(node_programs.line("porthold", "hold", sandbox.master_port).decode())
+        proc.stdin.close()
         if proc.stdout.readline().strip() != "ready":
             raise SandboxError("the port-in-use fault could not bind the master port", "retry")
         proc.stdout.close()

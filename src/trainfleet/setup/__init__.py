@@ -6,9 +6,10 @@
     ...                    confirm=lambda text: True, password=lambda nodes: "secret")
 
 One module per concern: `trust` (ssh between every pair of nodes, with `launchside`,
-`hostkeys`, `askpass` and the node-side `nodejob`), `hostfile`, `env`, `firewall` (rules per
-backend) with `fwapply` (apply, record, revert), `sync` (code to every node), `verify` (the
-doctor checks that end every step) and `result` (what changed, rendered and as JSON);
+`hostkeys`, `askpass`; its node side is `trainfleet.node.sshkeys`), `hostfile`, `env`,
+`firewall` (rules per backend) with `fwapply` (apply, record, revert), `sync` (code to every
+node), `verify` (the doctor checks that end every step) and `result` (what changed, rendered
+and as JSON);
 `trainfleet.clusterfile` edits cluster.yaml, for `doctor --fix` too. Every step computes what
 to change from facts, changes only that, and ends with the doctor checks that match it;
 `dry_run` prints the changes only.

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 
 from trainfleet.cluster import Node
 from trainfleet.keyscan import fingerprint, keyscan
+from trainfleet.node import sshkeys
 from trainfleet.remote import ssh_options
-from trainfleet.setup import nodejob
 from trainfleet.untrusted import valid_key, valid_known_hosts_name, valid_name
 
 
@@ -119,7 +119,7 @@ def new_keys(target: Target, known: dict[str, list[str]]) -> list[str]:
 
 def trusted_by_file(path: str, target: Target) -> bool:
     """--known-hosts FILE: the file holds every offered key under one of the node's names."""
-    have = {key for name in target.names for key in nodejob.known_keys(path, name)}
+    have = {key for name in target.names for key in sshkeys.known_keys(path, name)}
     return bool(target.offered) and all(key in have for key in target.offered)
 
 
@@ -148,7 +148,7 @@ def ssh_settings(node: Node) -> dict:
     """`ssh -G` for the node with its options: hostname, port, hostkeyalias, ..."""
     argv = ssh_g_argv(node)
     out = subprocess.run(argv, capture_output=True, text=True, check=False).stdout
-    return nodejob.parse_ssh_g(out)
+    return sshkeys.parse_ssh_g(out)
 
 
 def ssh_g_argv(node: Node) -> list[str]:

@@ -1,7 +1,8 @@
-"""Run `nodejob` on nodes over BatchMode ssh and read back its JSON, one result per node.
+"""Run `trainfleet.node.sshkeys` on nodes over BatchMode ssh and read back its JSON, one result
+per node.
 
->>> JOB_ARGV
-['python3', '-']
+>>> JOB_ARGV[:3]
+['python3', '-u', '-c']
 """
 
 from __future__ import annotations
@@ -9,15 +10,21 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 
+from trainfleet import node as node_programs
 from trainfleet.cluster import Node
 from trainfleet.errors import SetupError
 from trainfleet.nodeset import fold_names
 from trainfleet.remote import NodeResult, run_on_nodes
-from trainfleet.setup import hostkeys, nodejob, verify
+from trainfleet.setup import hostkeys, verify
 
 JOB_TIMEOUT_S = 60
-JOB_ARGV = [verify.PROBE_PYTHON, "-"]
+JOB_ARGV = node_programs.argv(verify.PROBE_PYTHON)
 """A stdlib python3 reads the job from stdin: nodes need nothing else installed."""
+
+
+def job_line(job: dict) -> bytes:
+    """What JOB_ARGV reads first on stdin: the trust job `job`."""
+    return node_programs.line("sshkeys", "run", job)
 
 
 def _job_failed(results: Sequence[NodeResult]) -> SetupError:
@@ -32,10 +39,10 @@ def _job_failed(results: Sequence[NodeResult]) -> SetupError:
 
 
 def run_jobs(nodes: Sequence[Node], jobs: Mapping[str, dict]) -> dict[str, dict]:
-    """nodejob on each node (BatchMode ssh); its JSON result per node."""
+    """The trust job on each node (BatchMode ssh); its JSON result per node."""
     if not nodes:
         return {}
-    payloads = {host: nodejob.payload(job) for host, job in jobs.items()}
+    payloads = {host: job_line(job) for host, job in jobs.items()}
     results = run_on_nodes(nodes, JOB_ARGV, stdin=payloads, timeout=JOB_TIMEOUT_S)
     failed = [r for r in results if not r.ok]
     if failed:

@@ -7,15 +7,16 @@
 
 Which key and which known_hosts file are the ones ssh uses for each node: cluster.yaml's
 `identity_file`/`known_hosts_file`, else what `ssh -G` says (~/.ssh/config included), else
-~/.ssh/id_ed25519 (created) and ~/.ssh/known_hosts. The same `nodejob` that runs on the nodes
-runs here, in-process.
+~/.ssh/id_ed25519 (created) and ~/.ssh/known_hosts. The same `trainfleet.node.sshkeys` that
+runs on the nodes runs here, in-process.
 """
 
 from __future__ import annotations
 
 from trainfleet.cluster import Cluster
 from trainfleet.errors import SetupError
-from trainfleet.setup import hostkeys, nodejob
+from trainfleet.node import sshkeys
+from trainfleet.setup import hostkeys
 from trainfleet.setup.result import THIS_MACHINE, Confirm, SetupResult
 
 CONSOLE_CHECK = "ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub"
@@ -50,7 +51,7 @@ def _keys(views: dict[str, dict], result: SetupResult) -> dict[str, str]:
                 result.add(THIS_MACHINE, f"would create key {path} (ed25519)")
                 made[path] = None
             else:
-                made[path] = nodejob.main({"identity": path, "make_key": True})["pubkey"]
+                made[path] = sshkeys.main({"identity": path, "make_key": True})["pubkey"]
                 result.add(THIS_MACHINE, f"created key {path} (ed25519)")
         pubkeys[host] = made[path]
     return pubkeys
@@ -74,7 +75,7 @@ def this_machine(
             "lookup": targets[node.host].names,
             "dry_run": True,
         }
-        views[node.host] = nodejob.main(job)
+        views[node.host] = sshkeys.main(job)
     new: list[str] = []
     changed: list[str] = []
     writes: dict[str, tuple[list[str], list[str]]] = {}
@@ -105,7 +106,7 @@ def this_machine(
             )
     pubkeys = _keys(views, result)  # only once the keys were accepted
     for path, (remove, lines) in writes.items():
-        done = nodejob.main(
+        done = sshkeys.main(
             {"known_hosts": path, "remove": remove, "add_known": lines, "dry_run": result.dry_run}
         )
         verb = "would add" if result.dry_run else "added"

@@ -23,8 +23,8 @@ from pathlib import Path
 from trainfleet.cluster import Cluster
 from trainfleet.doctor.facts import NodeFacts
 from trainfleet.errors import SetupError
+from trainfleet.node.system import code_hash
 from trainfleet.nodeset import fold_names
-from trainfleet.probe import code_hash
 from trainfleet.remote import run_on_nodes
 from trainfleet.setup import verify
 from trainfleet.setup.result import Confirm, SetupResult

@@ -11,45 +11,18 @@ that, a file deleted here would stay on the node, and doctor would still see the
 
 from __future__ import annotations
 
-import fnmatch
-import json
 import os
 import shlex
 import shutil
 import subprocess
 from collections.abc import Sequence
 
+from trainfleet import node as node_programs
 from trainfleet.cluster import Node
+from trainfleet.node.files import is_excluded
 from trainfleet.remote import node_argv, run_on_nodes, ssh_options
 
 COPY_TIMEOUT_S = 3600
-
-# Removes files and then empty directories under ROOT that are not in KEEP and not excluded.
-# stdin: {"root", "keep", "excludes"}; stdout: how many were removed. Python 3.8 syntax.
-_PRUNE = """\
-import fnmatch, json, os, sys
-job = json.load(sys.stdin)
-root, keep, pats = job["root"], set(job["keep"]), job["excludes"]
-out = lambda rel: any(fnmatch.fnmatch(p, x) for p in rel.split("/") for x in pats)
-n = 0
-for base, dirs, files in os.walk(root, topdown=False):
-    for name in files + [d for d in dirs if os.path.islink(os.path.join(base, d))]:
-        rel = os.path.relpath(os.path.join(base, name), root)
-        if rel not in keep and not out(rel):
-            os.unlink(os.path.join(base, name)); n += 1
-    for name in dirs:
-        path = os.path.join(base, name)
-        rel = os.path.relpath(path, root)
-        if rel not in keep and not out(rel) and not os.path.islink(path) and not os.listdir(path):
-            os.rmdir(path); n += 1
-print(n)
-"""
-
-
-def is_excluded(rel: str, excludes: Sequence[str]) -> bool:
-    """A path is left out when any of its components matches a pattern (as rsync and tar do
-    for patterns without '/')."""
-    return any(fnmatch.fnmatch(part, p) for part in rel.split("/") for p in excludes)
 
 
 def members(directory: str, excludes: Sequence[str]) -> list[str]:
@@ -124,8 +97,9 @@ def _tar_copy(node: Node, directory: str, excludes: Sequence[str]) -> str:
         return f"tar here: {create_err.strip()}"
     if extract.returncode != 0:
         return extract_err.decode(errors="replace").strip() or f"exit {extract.returncode}"
-    job = json.dumps({"root": directory, "keep": keep, "excludes": list(excludes)}).encode()
-    [pruned] = run_on_nodes([node], ["python3", "-c", _PRUNE], stdin=job, timeout=120)
+    job = {"root": directory, "keep": keep, "excludes": list(excludes)}
+    prune = node_programs.line("files", "prune", job)
+    [pruned] = run_on_nodes([node], node_programs.argv("python3"), stdin=prune, timeout=120)
     return "" if pruned.ok else f"removing files only on the node: {pruned.reason()}"
 
 

@@ -35,8 +35,8 @@ from trainfleet.doctor.findings import Severity
 from trainfleet.errors import SetupError
 from trainfleet.nodeset import fold_names
 from trainfleet.remote import Failure, classify, run_on_nodes
-from trainfleet.setup import askpass, hostkeys, nodejob, verify
-from trainfleet.setup.jobs import JOB_ARGV, JOB_TIMEOUT_S, node_job, run_jobs
+from trainfleet.setup import askpass, hostkeys, verify
+from trainfleet.setup.jobs import JOB_ARGV, JOB_TIMEOUT_S, job_line, node_job, run_jobs
 from trainfleet.setup.launchside import this_machine
 from trainfleet.setup.result import Confirm, SetupResult
 from trainfleet.untrusted import valid_name
@@ -94,8 +94,7 @@ def _log_in(
         secret = password(need)
         here = socket.gethostname()
         stdin = {
-            h: nodejob.payload({"authorize": [f"{pubkeys[h]} trainfleet-setup:{here}"]})
-            for h in need
+            h: job_line({"authorize": [f"{pubkeys[h]} trainfleet-setup:{here}"]}) for h in need
         }
         copied = askpass.run_with_password(nodes, JOB_ARGV, stdin, secret)
         del secret

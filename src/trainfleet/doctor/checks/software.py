@@ -14,8 +14,8 @@ from trainfleet.catalog import FindingId
 from trainfleet.doctor.collect import Survey
 from trainfleet.doctor.facts import Imports, JitLock, NodeFacts
 from trainfleet.doctor.findings import Finding, Severity
+from trainfleet.node.jitlocks import JIT_LOCK_STALE_S
 from trainfleet.nodeset import fold_names
-from trainfleet.probe import JIT_LOCK_STALE_S
 from trainfleet.remote import Failure, NodeResult
 
 # Versions that must match for collectives to work at all; the others only warn.
@@ -243,7 +243,7 @@ def _jit_locks(facts: NodeFacts) -> list[JitLock]:
 
 
 def stale_jit_locks(survey: Survey) -> list[tuple[str, JitLock]]:
-    """(node, lock) for each JIT build lock older than probe.JIT_LOCK_STALE_S that no process
+    """(node, lock) for each JIT build lock older than jitlocks.JIT_LOCK_STALE_S that no process
     works under, on that node or on one that reports the same path (shared storage)."""
     reports = {host: _jit_locks(facts) for host, facts in survey.facts.items()}
     building = {lock.path for locks in reports.values() for lock in locks if lock.busy_pids}

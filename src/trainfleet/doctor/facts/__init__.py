@@ -45,7 +45,7 @@ from trainfleet.doctor.facts.sheet import (
     Transfer,
     Workdir,
 )
-from trainfleet.probe import PROBE_VERSION
+from trainfleet.node.probe import PROBE_VERSION
 
 __all__ = [
     "PROBE_VERSION",

@@ -38,7 +38,7 @@ from trainfleet.doctor.facts.sheet import (
     Workdir,
 )
 from trainfleet.errors import TrainfleetError
-from trainfleet.probe import PROBE_VERSION
+from trainfleet.node.probe import PROBE_VERSION
 
 T = TypeVar("T")
 

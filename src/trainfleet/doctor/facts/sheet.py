@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from trainfleet.probe import PROBE_VERSION
+from trainfleet.node.probe import PROBE_VERSION
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

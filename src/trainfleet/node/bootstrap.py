@@ -1,10 +1,10 @@
 """The node side of a launch (stdlib only, Python 3.8 syntax): starts the node's command and
 guarantees that nothing of it outlives the launch.
 
-The launcher runs `python -u -c LOADER` over ssh; LOADER reads one line from stdin (this file
-plus the job, base64) and runs it. After that line, stdin is the lifeline: when it closes (the
-launcher stopped the job, died, or its ssh connection dropped), or on SIGTERM/SIGHUP, every
-process of the job on this node gets SIGTERM, then SIGKILL after a grace period. The launcher
+The launcher ships it as every node program is shipped (`trainfleet.node.line`) and calls
+main(job). After the program's line, stdin is the lifeline: when it closes (the launcher
+stopped the job, died, or its ssh connection dropped), or on SIGTERM/SIGHUP, every process of
+the job on this node gets SIGTERM, then SIGKILL after a grace period. The launcher
 also sends an empty line every few seconds: when none has come for `lifeline` seconds, the
 connection is lost without having closed (a link down, the launch machine gone: TCP notices
 nothing for hours), and the job is stopped the same way, so that no rank of it keeps holding
@@ -20,9 +20,7 @@ replaced by the path of the rank shim written here), shim (its source), grace (s
 lifeline (seconds; absent or 0: no limit).
 """
 
-import base64
 import ctypes
-import json
 import os
 import shutil
 import signal
@@ -33,10 +31,6 @@ import threading
 import time
 
 PR_SET_CHILD_SUBREAPER = 36
-LOADER = (
-    "import base64,sys;"
-    "exec(compile(base64.b64decode(sys.stdin.readline()),'trainfleet-bootstrap','exec'))"
-)
 
 
 def become_subreaper():
@@ -171,14 +165,3 @@ def main(job):
         return 128 - rc if rc < 0 else rc  # killed by a signal: the shell's convention
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-
-
-def payload(job):
-    """The line to send first on stdin: this file plus the call to main with `job`."""
-    source = open(__file__.replace(".pyc", ".py")).read()
-    encoded = base64.b64encode(json.dumps(job).encode()).decode()
-    program = (
-        source
-        + "\nsys.stdout.flush()\nsys.exit(main(json.loads(base64.b64decode(%r))))\n" % encoded
-    )
-    return base64.b64encode(program.encode()) + b"\n"

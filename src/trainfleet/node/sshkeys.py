@@ -1,5 +1,6 @@
 """The one job `setup ssh` runs on each node (and on this machine): keys, known_hosts,
-authorized_keys. Stdlib only, Python 3.8+; shipped over ssh stdin like the probe.
+authorized_keys. Shipped like every node program (`trainfleet.node`); `run(job)` prints the
+result.
 
     >>> parse_ssh_g("hostname 10.0.0.2\\nuserknownhostsfile /h/kh /h/kh2")["userknownhostsfile"]
     ['/h/kh', '/h/kh2']
@@ -180,11 +181,6 @@ def main(job):
     return result
 
 
-def payload(job):
-    """What to send on the node's stdin for `python3 -`: this file, then the call."""
-    source = open(__file__.replace(".pyc", ".py")).read()
-    return (source + f"\nrun_from_stdin({json.dumps(job)!r})\n").encode()
-
-
-def run_from_stdin(text):
-    sys.stdout.write(json.dumps(main(json.loads(text))) + "\n")
+def run(job):
+    """The node's entry: main's result as one JSON line on stdout."""
+    sys.stdout.write(json.dumps(main(job)) + "\n")

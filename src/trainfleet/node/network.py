@@ -1,0 +1,173 @@
+"""The node's network as the probe sees it: names, interfaces, the route to the master, who
+listens on which port, the firewall's rules, and the master's reverse lookups of its clients.
+"""
+
+import glob
+import json
+import os
+import socket
+import threading
+import time
+
+from trainfleet.node import system
+
+
+def resolve(name):
+    try:
+        infos = socket.getaddrinfo(name, None, 0, socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        return {"error": str(exc)}
+    seen = []
+    for info in infos:
+        addr = info[4][0]
+        if addr not in seen:
+            seen.append(addr)
+    return {"addresses": seen}
+
+
+def client_names(addresses, limit):
+    """What c10d's TCPStore on this node (the master) gets when it names a client: it listens on
+    both stacks, so a client at A is ::ffff:A, and getnameinfo fails with EAI_AGAIN (c10d's
+    `err=-3`) when no hosts entry names that form and no DNS server answers. Per address:
+    {"name"} or {"error"}, with the seconds it took; one thread each, bounded by `limit`."""
+    found = {}
+
+    def lookup(address):
+        start = time.time()
+        try:
+            name = socket.getnameinfo(("::ffff:" + address, 0, 0, 0), socket.NI_NUMERICSERV)[0]
+            outcome = {"name": name}
+        except (OSError, ValueError) as exc:
+            outcome = {"error": str(exc)}
+        outcome["seconds"] = round(time.time() - start, 3)
+        found[address] = outcome  # whole, in one step: the caller may read it at its deadline
+
+    threads = [threading.Thread(target=lookup, args=(a,), daemon=True) for a in addresses]
+    for thread in threads:
+        thread.start()
+    deadline = time.time() + limit
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.time()))
+    late = {"error": "no answer in %gs" % limit, "seconds": limit}
+    return {a: found.get(a) or dict(late) for a in addresses}
+
+
+def interfaces():
+    code, out, err = system.run(["ip", "-j", "addr", "show"])
+    if code != 0:
+        return {"error": err.strip() or "ip -j addr failed"}
+    result = []
+    for link in json.loads(out or "[]"):
+        name = link.get("ifname")
+        kind_path = "/sys/class/net/%s/bridge" % name
+        result.append(
+            {
+                "name": name,
+                "state": link.get("operstate"),
+                "up": "UP" in link.get("flags", []),
+                "mtu": link.get("mtu"),
+                "link_type": link.get("link_type"),
+                "bridge": os.path.isdir(kind_path),
+                "ipv4": [
+                    "%s/%s" % (a["local"], a["prefixlen"])
+                    for a in link.get("addr_info", [])
+                    if a.get("family") == "inet"
+                ],
+                "ipv6": [
+                    "%s/%s" % (a["local"], a["prefixlen"])
+                    for a in link.get("addr_info", [])
+                    if a.get("family") == "inet6"
+                ],
+            }
+        )
+    return result
+
+
+def route_to(address):
+    if not address:
+        return None
+    code, out, err = system.run(["ip", "-j", "route", "get", address])
+    if code != 0:
+        return {"error": err.strip()}
+    routes = json.loads(out or "[]")
+    if not routes:
+        return {"error": "no route"}
+    return {
+        "dev": routes[0].get("dev"),
+        "src": routes[0].get("prefsrc"),
+        "gateway": routes[0].get("gateway"),
+    }
+
+
+def _socket_owners(inodes):
+    """pid owning each socket inode; scans /proc/*/fd, so only for the few inodes asked."""
+    owners = {}
+    for fd_dir in glob.glob("/proc/[0-9]*/fd"):
+        pid = fd_dir.split("/")[2]
+        try:
+            links = os.listdir(fd_dir)
+        except OSError:
+            continue
+        for fd in links:
+            try:
+                target = os.readlink(os.path.join(fd_dir, fd))
+            except OSError:
+                continue
+            if target.startswith("socket:[") and target[8:-1] in inodes:
+                owners.setdefault(target[8:-1], pid)
+                if len(owners) == len(inodes):
+                    return owners
+    return owners
+
+
+def _hex_addr(text):
+    host, port = text.split(":")
+    raw = bytes.fromhex(host)
+    if len(raw) == 4:
+        addr = socket.inet_ntop(socket.AF_INET, raw[::-1])
+    else:
+        words = b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4))
+        addr = socket.inet_ntop(socket.AF_INET6, words)
+    return addr, int(port, 16)
+
+
+def listening(owner_ports):
+    """Listening TCP sockets; the owning pid and command for those on `owner_ports`."""
+    entries = []
+    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = open(path).read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            parts = line.split()
+            if len(parts) > 9 and parts[3] == "0A":  # TCP_LISTEN
+                addr, port = _hex_addr(parts[1])
+                entries.append({"addr": addr, "port": port, "inode": parts[9]})
+    wanted = {e["inode"] for e in entries if e["port"] in owner_ports}
+    owners = _socket_owners(wanted) if wanted else {}
+    for entry in entries:
+        pid = owners.get(entry.pop("inode"))
+        entry["pid"] = int(pid) if pid else None
+        entry["cmd"] = None
+        if pid:
+            try:
+                raw = open("/proc/%s/cmdline" % pid, "rb").read()
+                entry["cmd"] = raw.replace(b"\0", b" ").decode(errors="replace").strip()[:300]
+            except OSError:
+                pass
+    return entries
+
+
+def firewall():
+    result = {}
+    for key, argv in (
+        ("iptables", ["iptables", "-S"]),
+        ("nft", ["nft", "list", "ruleset"]),
+        ("ufw", ["ufw", "status"]),
+        ("firewalld", ["firewall-cmd", "--state"]),
+    ):
+        code, out, err = system.run(argv)
+        if code != 127:
+            result[key] = {"rc": code, "out": out[-20000:], "err": err.strip()[-500:]}
+    return result

@@ -1,0 +1,112 @@
+"""trainfleet.node: what runs on nodes is real modules, old-Python safe and stdlib-only, shipped
+one way; and no Python is left in string literals elsewhere."""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainfleet import node
+
+pytestmark = pytest.mark.unit
+
+PACKAGE_DIR = Path(node.__file__).parent
+SRC = PACKAGE_DIR.parent
+MODULES = sorted(p.stem for p in PACKAGE_DIR.glob("*.py") if p.stem != "__init__")
+IMPORTED_INSIDE_A_FUNCTION = {"torch"}
+"""What a node's own python may or may not have: only imported where it is used."""
+
+
+def _tree(name: str) -> ast.Module:
+    return ast.parse(node.source(name), feature_version=(3, 8))
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_every_node_module_is_python_3_8_and_imports_only_the_stdlib(name):
+    tree = _tree(name)  # raises SyntaxError on 3.9+ syntax
+    top_level = {id(n) for n in tree.body}
+    for found in ast.walk(tree):
+        if isinstance(found, ast.Import):
+            roots = [alias.name.split(".")[0] for alias in found.names]
+        elif isinstance(found, ast.ImportFrom):
+            if found.module == node.PACKAGE:
+                assert id(found) in top_level, f"{name}: imports a node module inside a function"
+                assert all(alias.name in MODULES for alias in found.names), name
+                continue
+            assert found.level == 0 and found.module, f"{name}: relative import"
+            roots = [found.module.split(".")[0]]
+        else:
+            continue
+        for root in roots:
+            if root in sys.stdlib_module_names:
+                continue
+            assert root in IMPORTED_INSIDE_A_FUNCTION, f"{name} imports {root}"
+            assert id(found) not in top_level, f"{name} imports {root} at module level"
+
+
+def test_what_a_module_needs_is_shipped_with_it_dependencies_first():
+    assert node.needs("probe")[-1] == "probe"
+    order = node.needs("probe")
+    assert set(order) == {"system", "network", "software", "stack_imports", "peers", "jitlocks",
+                          "probe"}  # fmt: skip
+    assert order.index("system") < order.index("network")
+    assert node.needs("files") == ("files",)
+
+
+def test_a_shipped_program_runs_its_function_and_exits_with_its_code(tmp_path):
+    directory = tmp_path / "run"
+    job = {"dir": str(directory), "files": {"a.txt": "x"}}
+    done = subprocess.run(node.argv(sys.executable), input=node.line("files", "put_private", job),
+                          capture_output=True, check=False)  # fmt: skip
+    assert done.returncode == 0 and (directory / "a.txt").read_text() == "x"
+    os.chmod(directory, 0o777)  # another user could write it now: refused, exit 3
+    again = subprocess.run(node.argv(sys.executable), input=node.line("files", "put_private", job),
+                           capture_output=True, check=False)  # fmt: skip
+    assert again.returncode == 3 and b"not this user's private directory" in again.stderr
+
+
+def test_a_node_programs_traceback_shows_its_own_file_and_line():
+    broken = node.line("files", "put_private", {"files": {}})  # no "dir"
+    done = subprocess.run(node.argv(sys.executable), input=broken, capture_output=True,
+                          check=False)  # fmt: skip
+    err = done.stderr.decode()
+    assert done.returncode == 1 and "KeyError: 'dir'" in err
+    assert 'trainfleet/node/files.py", line' in err
+    assert 'os.mkdir(job["dir"], 0o700)' in err  # the source line itself
+
+
+def test_stdin_after_the_program_line_is_the_programs_own():
+    """The bootstrap's lifeline: the loader reads one line and leaves the rest."""
+    line = node.line("procs", "dump_stacks", [f"0={os.getpid()}"])
+    done = subprocess.run(node.argv(sys.executable), input=line + b"more\n", capture_output=True,
+                          check=True)  # fmt: skip
+    out = done.stdout.decode()
+    assert out.startswith(f"@@rank 0 pid {os.getpid()}\nState:\t")
+
+
+def _python_like(text: str) -> bool:
+    if "import " not in text or "\n" not in text.strip():
+        return False
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return False
+    return any(isinstance(n, ast.Import | ast.ImportFrom) for n in tree.body) and len(tree.body) > 2
+
+
+def test_no_python_program_is_left_in_a_string_literal_outside_the_node_package():
+    """Such a program is never linted or imported by a test; it belongs in trainfleet.node."""
+    found = []
+    for path in sorted(SRC.rglob("*.py")):
+        if PACKAGE_DIR in path.parents:
+            continue
+        for constant in ast.walk(ast.parse(path.read_text())):
+            if isinstance(constant, ast.Constant) and isinstance(constant.value, str):
+                if _python_like(constant.value):
+                    found.append(f"{path.relative_to(SRC)}:{constant.lineno}")
+    assert found == []
