@@ -33,10 +33,11 @@ from trainfleet.doctor.checks.network import listeners_besides_probe
 from trainfleet.doctor.findings import Severity
 from trainfleet.errors import TrainfleetError
 from trainfleet.files import write_private
-from trainfleet.launch import deepspeed, ssh, stacks
+from trainfleet.launch import deepspeed, ssh
 from trainfleet.launch.backend import LaunchBackend, Plan
 from trainfleet.launch.plan import LaunchFacts, LaunchOptions, LaunchPlan, masked, masked_argv
 from trainfleet.launch.supervisor import LaunchResult, RunState, supervise
+from trainfleet.node import procs
 from trainfleet.remote import run_on_nodes
 
 __all__ = [
@@ -199,7 +200,7 @@ def launch(
         ranks = {n.host: [f"{r}={pid}" for r, pid in pids[n.host].items()] for n in nodes}
         job = {host: node_programs.line("procs", "dump_stacks", ranks[host]) for host in ranks}
         # Bounded: a node whose link is down must not hold up the stop for long.
-        results = run_on_nodes(nodes, argv, stdin=job, timeout=stacks.DUMP_TIMEOUT_S + 5)
+        results = run_on_nodes(nodes, argv, stdin=job, timeout=procs.DUMP_TIMEOUT_S + 5)
         return {r.node: r.stdout if r.ok else _no_dump(pids[r.node], r.reason()) for r in results}
 
     backend = backend_for(plan)
