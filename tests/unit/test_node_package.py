@@ -49,6 +49,29 @@ def test_every_node_module_is_python_3_8_and_imports_only_the_stdlib(name):
             assert id(found) not in top_level, f"{name} imports {root} at module level"
 
 
+def _annotations(tree: ast.Module):
+    for found in ast.walk(tree):
+        if isinstance(found, ast.FunctionDef | ast.AsyncFunctionDef):
+            arguments = found.args.posonlyargs + found.args.args + found.args.kwonlyargs
+            yield from (a.annotation for a in arguments if a.annotation)
+            if found.returns:
+                yield found.returns
+        elif isinstance(found, ast.AnnAssign):
+            yield found.annotation
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_no_annotation_that_python_3_8_cannot_evaluate(name):
+    """`X | None` and `list[int]` parse on 3.8 but raise when the def runs there."""
+    for annotation in _annotations(_tree(name)):
+        for part in ast.walk(annotation):
+            assert not isinstance(part, ast.BinOp), f"{name}:{part.lineno}: X | Y"
+            if isinstance(part, ast.Subscript) and isinstance(part.value, ast.Name):
+                assert part.value.id not in {"list", "dict", "tuple", "set", "type"}, (
+                    f"{name}:{part.lineno}: {part.value.id}[...]"
+                )
+
+
 def test_what_a_module_needs_is_shipped_with_it_dependencies_first():
     assert node.needs("probe")[-1] == "probe"
     order = node.needs("probe")
