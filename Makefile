@@ -99,11 +99,14 @@ system: $(SYSSTAMP)
 demo: $(STAMP) $(SYSSTAMP)
 	$(BIN)/python -m trainfleet.demo
 
+# The unit tier runs on both cores (pytest-xdist); the cluster tier one test at a time, since
+# its sandboxes share this machine's processes, ports and timing.
 test: $(STAMP) $(SYSSTAMP) $(LF_STAMP) $(AX_STAMP)
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -n 2 -m "not cluster" tests
+	$(BIN)/python -m pytest -q -m cluster tests
 
 test-unit: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not cluster" tests
+	$(BIN)/python -m pytest -q -n 2 -m "not cluster" tests
 
 test-cluster: $(STAMP) $(SYSSTAMP) $(LF_STAMP) $(AX_STAMP)
 	$(BIN)/python -m pytest -q -m cluster tests
