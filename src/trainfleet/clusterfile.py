@@ -337,44 +337,6 @@ def _line_after(text: str, node: Node) -> int:
     return len(text) if newline < 0 else newline + 1
 
 
-# ----------------------------------------------------------------------------- setup's files
-
-
-def base_text(
-    cluster: Cluster, *, cluster_in: str | None, out: str, written_by: str
-) -> tuple[str, str]:
-    """(text, its source) of the cluster.yaml a setup step updates: the -c file, else `out`
-    when it lists the same nodes, else a new one for `cluster`."""
-    if cluster_in:
-        return Path(cluster_in).read_text(), cluster_in
-    if Path(out).exists():
-        text = Path(out).read_text()
-        listed = [n.host for n in parse_cluster_yaml(text, out).nodes]
-        if listed == [node.host for node in cluster.nodes]:
-            return text, out
-    return new(cluster, written_by=written_by, source=out), out
-
-
-def node_changes(old: str, new: str) -> dict[str, str]:
-    """Per node, the fields cluster.yaml text `new` sets differently from `old`, as one line."""
-
-    def flat(text: str) -> dict[str, dict]:
-        entries = {}
-        for entry in (yaml.safe_load(text) or {}).get("nodes") or []:
-            entry = {"host": entry} if isinstance(entry, str) else entry
-            values = {k: v for k, v in entry.items() if k not in ("host", "env")}
-            entries[entry["host"]] = values | (entry.get("env") or {})
-        return entries
-
-    before, after = flat(old), flat(new)
-    changes = {}
-    for host, values in after.items():
-        diff = {k: v for k, v in values.items() if before.get(host, {}).get(k) != v}
-        if diff:
-            changes[host] = ", ".join(f"{k}: {v}" for k, v in diff.items())
-    return changes
-
-
 # ----------------------------------------------------------------------------- on disk
 
 

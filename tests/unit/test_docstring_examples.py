@@ -56,6 +56,7 @@ MODULES = [
     "trainfleet.untrusted",
     "trainfleet.files",
     "trainfleet.clusterfile",
+    "trainfleet.setup.clusteryaml",
     "trainfleet.launch.restarts",
     "trainfleet.launch.rootcause",
     "trainfleet.procs",

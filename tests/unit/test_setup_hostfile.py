@@ -10,7 +10,7 @@ from doctor_fixtures import facts_of, make_survey
 
 from trainfleet import clusterfile
 from trainfleet.cluster import load_cluster, parse_cluster_yaml, parse_hostfile
-from trainfleet.setup import hostfile
+from trainfleet.setup import clusteryaml, hostfile
 from trainfleet.setup.hostfile import hostfile_text, slots_for
 
 pytestmark = pytest.mark.unit
@@ -59,7 +59,7 @@ def test_an_existing_cluster_yaml_keeps_its_keys_header_and_short_entries(tmp_pa
         {"host": "a", "slots": 8, "interface": "ens14f0"},
         {"host": "b", "slots": 2, "env": {"X": "1", "CUDA_HOME": "/cuda"}},
     ]
-    assert clusterfile.node_changes(old, text) == {
+    assert clusteryaml.node_changes(old, text) == {
         "a": "slots: 8, interface: ens14f0",
         "b": "CUDA_HOME: /cuda",
     }
@@ -101,7 +101,7 @@ def test_base_text_prefers_the_given_file_then_a_matching_output(tmp_path):
     out = tmp_path / "cluster.yaml"
 
     def base() -> tuple[str, dict]:
-        text, source = clusterfile.base_text(cluster, cluster_in=None, out=str(out), written_by="t")
+        text, source = clusteryaml.base_text(cluster, cluster_in=None, out=str(out), written_by="t")
         assert source == str(out)
         return text, yaml.safe_load(text)
 

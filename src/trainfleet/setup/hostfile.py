@@ -24,7 +24,7 @@ from trainfleet.cluster import Cluster, parse_cluster_yaml, parse_hostfile
 from trainfleet.doctor.facts import NodeFacts
 from trainfleet.errors import SetupError
 from trainfleet.nodeset import fold_names
-from trainfleet.setup import verify
+from trainfleet.setup import clusteryaml, verify
 from trainfleet.setup.result import THIS_MACHINE, SetupResult, fold_notes
 
 HEADER = "# written by `trainfleet setup hostfile` (DeepSpeed/MPI format: HOST slots=N)\n"
@@ -90,7 +90,7 @@ def setup_hostfile(
     result.files["hostfile"] = hostfile_out
 
     out = cluster_out or cluster_in or str(Path(hostfile_out).parent / "cluster.yaml")
-    base, source = clusterfile.base_text(
+    base, source = clusteryaml.base_text(
         cluster, cluster_in=cluster_in, out=out, written_by="trainfleet setup hostfile"
     )
     text = clusterfile.edit(base, source, nodes={h: {"slots": n} for h, n in slots.items()})
