@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -374,3 +375,26 @@ def test_the_deepspeed_backends_node_directory_is_private_or_refused(tmp_path):
         os.chown(theirs, 65534, 65534)
         assert _node_files(theirs).returncode == 3
         assert not (theirs / "shim.py").exists()
+
+
+def test_the_hang_watchdogs_stack_dump_is_taken_by_the_shipped_program_on_each_node():
+    """What `launch` hands the watchdog: the node program runs on every node of the run (here
+    this machine, a one-node cluster run locally) and gives each rank's kernel state; py-spy's
+    dump follows where it is installed. A rank already gone says so."""
+    from trainfleet.cluster import load_cluster
+    from trainfleet.launch import dump_stacks
+
+    stopped = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    try:
+        os.kill(stopped.pid, signal.SIGSTOP)
+        cluster = load_cluster()
+        host = cluster.nodes[0].host
+        dumps = dump_stacks(cluster, {host: {0: stopped.pid, 1: gone.pid}})
+        assert list(dumps) == [host]
+        assert f"@@rank 0 pid {stopped.pid}\nState:\tT (stopped)" in dumps[host]
+        assert f"@@rank 1 pid {gone.pid}\nState:\tgone (the process has exited)" in dumps[host]
+    finally:
+        stopped.kill()
+        stopped.wait()

@@ -194,22 +194,26 @@ def launch(
         report = run_doctor(cluster, quick=True)
         return [f for f in report.findings if f.severity >= Severity.WARNING]
 
-    def dump_stacks(pids: dict[str, dict[int, int]]) -> dict[str, str]:
-        nodes = [n for n in cluster.nodes if n.host in pids]
-        argv = {n.host: node_programs.argv(n.python) for n in nodes}
-        ranks = {n.host: [f"{r}={pid}" for r, pid in pids[n.host].items()] for n in nodes}
-        job = {host: node_programs.line("procs", "dump_stacks", ranks[host]) for host in ranks}
-        # Bounded: a node whose link is down must not hold up the stop for long.
-        results = run_on_nodes(nodes, argv, stdin=job, timeout=procs.DUMP_TIMEOUT_S + 5)
-        return {r.node: r.stdout if r.ok else _no_dump(pids[r.node], r.reason()) for r in results}
-
     backend = backend_for(plan)
     channels = backend.start(plan, cluster, run_dir)
     try:
         return supervise(plan, channels, run_dir=run_dir, out=out, diagnose=diagnose,
-                         dump_stacks=dump_stacks, restarts=restarts)  # fmt: skip
+                         dump_stacks=lambda pids: dump_stacks(cluster, pids),
+                         restarts=restarts)  # fmt: skip
     finally:
         backend.stop(plan, cluster)
+
+
+def dump_stacks(cluster: Cluster, pids: dict[str, dict[int, int]]) -> dict[str, str]:
+    """{node: {rank: pid}} -> {node: what `trainfleet.node.procs.dump_stacks` printed there},
+    every node at once; a node that does not answer within the bound gets a line per rank
+    saying so (a node whose link is down must not hold up the stop for long)."""
+    nodes = [n for n in cluster.nodes if n.host in pids]
+    argv = {n.host: node_programs.argv(n.python) for n in nodes}
+    ranks = {n.host: [f"{r}={pid}" for r, pid in pids[n.host].items()] for n in nodes}
+    job = {host: node_programs.line("procs", "dump_stacks", ranks[host]) for host in ranks}
+    results = run_on_nodes(nodes, argv, stdin=job, timeout=procs.DUMP_TIMEOUT_S + 5)
+    return {r.node: r.stdout if r.ok else _no_dump(pids[r.node], r.reason()) for r in results}
 
 
 def _no_dump(pids: dict[int, int], why: str) -> str:
