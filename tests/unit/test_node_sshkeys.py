@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from trainfleet import node
-from trainfleet.node import sshkeys as nodejob
+from trainfleet.node import sshkeys
 
 pytestmark = [
     pytest.mark.unit,
@@ -29,33 +29,33 @@ def home(tmp_path, monkeypatch):
 
 def test_identity_choice():
     exists = {"/h/.ssh/id_rsa"}.__contains__
-    assert nodejob.pick_identity("/keys/k", [], exists) == ("/keys/k", True)
-    assert nodejob.pick_identity(None, ["~/.ssh/id_rsa"], exists)[1] is True  # only defaults
-    custom = ["/etc/ssh/cluster_key", *(f"~/.ssh/{n}" for n in nodejob.DEFAULT_IDENTITIES)]
-    assert nodejob.pick_identity(None, custom, lambda p: True) == ("/etc/ssh/cluster_key", False)
+    assert sshkeys.pick_identity("/keys/k", [], exists) == ("/keys/k", True)
+    assert sshkeys.pick_identity(None, ["~/.ssh/id_rsa"], exists)[1] is True  # only defaults
+    custom = ["/etc/ssh/cluster_key", *(f"~/.ssh/{n}" for n in sshkeys.DEFAULT_IDENTITIES)]
+    assert sshkeys.pick_identity(None, custom, lambda p: True) == ("/etc/ssh/cluster_key", False)
 
 
 def test_key_is_created_once_and_dry_run_creates_nothing(home):
-    assert nodejob.main({"make_key": True, "dry_run": True})["key_missing"] is True
+    assert sshkeys.main({"make_key": True, "dry_run": True})["key_missing"] is True
     assert not (home / ".ssh").exists()
-    made = nodejob.main({"make_key": True})
+    made = sshkeys.main({"make_key": True})
     assert made["key_created"] and made["identity"] == str(home / ".ssh" / "id_ed25519")
     assert made["pubkey"].startswith("ssh-ed25519 ")
-    again = nodejob.main({"make_key": True})
+    again = sshkeys.main({"make_key": True})
     assert not again["key_created"] and again["pubkey"] == made["pubkey"]
 
 
 def test_known_hosts_lines_are_added_once_and_changed_names_replaced(home):
     path = home / ".ssh" / "known_hosts"
     lines = [f"gpu-node-1 {KEY}", f"10.0.0.11 {KEY}"]
-    assert nodejob.main({"add_known": lines})["known_added"] == 2
-    assert nodejob.main({"add_known": lines})["known_added"] == 0
+    assert sshkeys.main({"add_known": lines})["known_added"] == 2
+    assert sshkeys.main({"add_known": lines})["known_added"] == 0
     assert (path.stat().st_mode & 0o777) == 0o600
-    assert nodejob.main({"lookup": ["gpu-node-1", "gpu-node-9"]})["known"] == {
+    assert sshkeys.main({"lookup": ["gpu-node-1", "gpu-node-9"]})["known"] == {
         "gpu-node-1": [KEY],
         "gpu-node-9": [],
     }
-    done = nodejob.main({"remove": ["gpu-node-1"], "add_known": [f"gpu-node-1 {OTHER}"]})
+    done = sshkeys.main({"remove": ["gpu-node-1"], "add_known": [f"gpu-node-1 {OTHER}"]})
     assert done["removed"] == ["gpu-node-1"] and done["known_added"] == 1
     assert path.read_text().splitlines() == [f"10.0.0.11 {KEY}", f"gpu-node-1 {OTHER}"]
 
@@ -64,13 +64,13 @@ def test_authorized_keys_compare_keys_not_comments_or_options(home):
     auth = home / ".ssh" / "authorized_keys"
     auth.parent.mkdir()
     auth.write_text(f'from="10.0.0.0/8" {KEY} someone@laptop')  # no trailing newline
-    done = nodejob.main({"authorize": [f"{KEY} trainfleet-setup:x", f"{OTHER} trainfleet-setup:y"]})
+    done = sshkeys.main({"authorize": [f"{KEY} trainfleet-setup:x", f"{OTHER} trainfleet-setup:y"]})
     assert done["authorized_added"] == 1
     assert auth.read_text().splitlines() == [
         f'from="10.0.0.0/8" {KEY} someone@laptop',
         f"{OTHER} trainfleet-setup:y",
     ]
-    assert nodejob.main({"authorize": [OTHER]})["authorized_added"] == 0
+    assert sshkeys.main({"authorize": [OTHER]})["authorized_added"] == 0
 
 
 def test_the_payload_runs_on_a_plain_python3(home):
@@ -87,8 +87,8 @@ def test_the_payload_runs_on_a_plain_python3(home):
 
 def test_ssh_g_names_the_files_ssh_uses(home):
     text = "hostname 10.0.0.2\nport 2222\nidentityfile ~/.ssh/id_rsa\nuserknownhostsfile /k /k2\n"
-    parsed = nodejob.parse_ssh_g(text)
+    parsed = sshkeys.parse_ssh_g(text)
     assert parsed["hostname"] == "10.0.0.2" and parsed["port"] == "2222"
     assert parsed["userknownhostsfile"] == ["/k", "/k2"]
     argv = ["ssh", "-F", "/dev/null", "-o", f"UserKnownHostsFile={home}/kh", "-G", "--", "h"]
-    assert nodejob.main({"ssh_g": argv})["known_hosts"] == f"{home}/kh"
+    assert sshkeys.main({"ssh_g": argv})["known_hosts"] == f"{home}/kh"
