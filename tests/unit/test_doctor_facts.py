@@ -108,7 +108,7 @@ def _full_probe_sheet(tmp_path) -> dict:
         "bandwidth_seconds": 0.2,
     }
     proc = subprocess.run(
-        node.argv(sys.executable),
+        node.argv(sys.executable, "probe"),
         input=node.line("probe", "main", params),
         capture_output=True,
         timeout=120,

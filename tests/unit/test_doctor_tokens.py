@@ -61,7 +61,7 @@ def _probe_with_itself_as_peer(workdir, **extra):
         **extra,
     }
     proc = subprocess.run(
-        node.argv(sys.executable),
+        node.argv(sys.executable, "probe"),
         input=node.line("probe", "main", params),
         capture_output=True,
         timeout=60,

@@ -27,7 +27,7 @@ SHIM = Path(shim.__file__)
 
 def _start(argv, run_id="t1", **job_fields) -> subprocess.Popen:
     proc = subprocess.Popen(
-        node.argv(sys.executable),
+        node.argv(sys.executable, "bootstrap"),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -41,6 +41,19 @@ def _start(argv, run_id="t1", **job_fields) -> subprocess.Popen:
 
 def _pids_with(word: str) -> list[int]:
     return [pid for pid, words in cmdlines().items() if word in words]
+
+
+def test_a_running_bootstrap_is_named_in_its_command_line():
+    """`ps` shows `trainfleet-bootstrap`: what the sandbox tests' leftover checks look for."""
+    proc = _start(["sleep", "30"])
+    try:
+        deadline = time.monotonic() + 10
+        while not _pids_with("sleep 30") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proc.pid in _pids_with("trainfleet-bootstrap")
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=30)
 
 
 def test_the_exit_code_of_the_command_is_the_bootstraps():
@@ -343,7 +356,7 @@ def test_a_rank_waiting_for_a_jit_build_lock_says_so_and_its_joins_are_still_see
 def _node_files(directory: Path) -> subprocess.CompletedProcess:
     job = {"dir": str(directory), "files": {"shim.py": "print('ours')\n", "node_env.json": "[]"}}
     return subprocess.run(
-        node.argv(sys.executable),
+        node.argv(sys.executable, "files"),
         input=node.line("files", "put_private", job).decode(),
         capture_output=True,
         text=True,

@@ -84,18 +84,17 @@ def test_what_a_module_needs_is_shipped_with_it_dependencies_first():
 def test_a_shipped_program_runs_its_function_and_exits_with_its_code(tmp_path):
     directory = tmp_path / "run"
     job = {"dir": str(directory), "files": {"a.txt": "x"}}
-    done = subprocess.run(node.argv(sys.executable), input=node.line("files", "put_private", job),
-                          capture_output=True, check=False)  # fmt: skip
+    argv, line = node.argv(sys.executable, "files"), node.line("files", "put_private", job)
+    done = subprocess.run(argv, input=line, capture_output=True, check=False)
     assert done.returncode == 0 and (directory / "a.txt").read_text() == "x"
     os.chmod(directory, 0o777)  # another user could write it now: refused, exit 3
-    again = subprocess.run(node.argv(sys.executable), input=node.line("files", "put_private", job),
-                           capture_output=True, check=False)  # fmt: skip
+    again = subprocess.run(argv, input=line, capture_output=True, check=False)
     assert again.returncode == 3 and b"not this user's private directory" in again.stderr
 
 
 def test_a_node_programs_traceback_shows_its_own_file_and_line():
     broken = node.line("files", "put_private", {"files": {}})  # no "dir"
-    done = subprocess.run(node.argv(sys.executable), input=broken, capture_output=True,
+    done = subprocess.run(node.argv(sys.executable, "files"), input=broken, capture_output=True,
                           check=False)  # fmt: skip
     err = done.stderr.decode()
     assert done.returncode == 1 and "KeyError: 'dir'" in err
@@ -106,8 +105,8 @@ def test_a_node_programs_traceback_shows_its_own_file_and_line():
 def test_stdin_after_the_program_line_is_the_programs_own():
     """The bootstrap's lifeline: the loader reads one line and leaves the rest."""
     line = node.line("procs", "dump_stacks", [f"0={os.getpid()}"])
-    done = subprocess.run(node.argv(sys.executable), input=line + b"more\n", capture_output=True,
-                          check=True)  # fmt: skip
+    argv = node.argv(sys.executable, "procs")
+    done = subprocess.run(argv, input=line + b"more\n", capture_output=True, check=True)
     out = done.stdout.decode()
     assert out.startswith(f"@@rank 0 pid {os.getpid()}\nState:\t")
 

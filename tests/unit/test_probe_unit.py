@@ -125,7 +125,7 @@ def test_payload_runs_as_a_one_node_probe(tmp_path):
         "bandwidth_from": False,
     }
     proc = subprocess.run(
-        node.argv(sys.executable),
+        node.argv(sys.executable, "probe"),
         input=node.line("probe", "main", params),
         capture_output=True,
         timeout=60,

@@ -84,7 +84,7 @@ def test_the_prune_removes_exactly_what_this_machine_does_not_have(tmp_path):
         (tmp_path / rel).write_text("x")
     job = {"root": str(tmp_path), "keep": ["train.py", "pkg", "pkg/m.py"], "excludes": ["outputs"]}
     done = subprocess.run(
-        node.argv(sys.executable),
+        node.argv(sys.executable, "files"),
         input=node.line("files", "prune", job).decode(),
         capture_output=True,
         text=True,

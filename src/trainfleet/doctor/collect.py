@@ -75,8 +75,8 @@ def _probe_argv(node: Node) -> list[str]:
     """The probe runs with the PATH cluster.yaml gives the node (what `launch` exports there,
     e.g. recorded by `trainfleet setup env`), so its tool checks see what the job will see."""
     if "PATH" in node.env:
-        return ["env", f"PATH={node.env['PATH']}", *node_programs.argv(node.python)]
-    return node_programs.argv(node.python)
+        return ["env", f"PATH={node.env['PATH']}", *node_programs.argv(node.python, "probe")]
+    return node_programs.argv(node.python, "probe")
 
 
 def _peer_ssh_argv(peer: Node) -> list[str]:

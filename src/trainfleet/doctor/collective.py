@@ -59,7 +59,7 @@ def run_collective(survey: Survey, rng: random.Random | None = None) -> tuple[li
     for rank, node in enumerate(survey.cluster.nodes):
         iface = chosen[node.host]
         env = [f"GLOO_SOCKET_IFNAME={iface}"] if iface else []
-        argv[node.host] = ["env", *env, *node_programs.argv(node.python)]
+        argv[node.host] = ["env", *env, *node_programs.argv(node.python, "collective")]
         calls[node.host] = node_programs.line(
             "collective", "all_reduce", survey.master_addr, port, rank, world, TIMEOUT_S
         )

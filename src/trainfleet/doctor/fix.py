@@ -216,7 +216,8 @@ def remove_jit_locks(fix: JitLockFix, cluster: Cluster) -> list[str]:
     node = cluster.node(fix.node)
     job = node_programs.line("jitlocks", "remove_main", {"paths": fix.paths,
                              "extensions_dir": fix.extensions_dir})  # fmt: skip
-    [result] = run_on_nodes([node], node_programs.argv(node.python), stdin=job, timeout=30)
+    argv = node_programs.argv(node.python, "jitlocks")
+    [result] = run_on_nodes([node], argv, stdin=job, timeout=30)
     try:
         outcome = json.loads(result.stdout) if result.ok else {}
     except ValueError:
@@ -293,7 +294,7 @@ def render_plan(plan: FixPlan) -> str:
 def _append_here(path: str, lines: list[str]) -> str:
     job = node_programs.line("files", "append_lines", {"file": path, "lines": lines})
     done = subprocess.run(
-        node_programs.argv(sys.executable), input=job, capture_output=True, check=False
+        node_programs.argv(sys.executable, "files"), input=job, capture_output=True, check=False
     )
     err = done.stderr.decode(errors="replace").strip()
     return done.stdout.decode().strip() if done.returncode == 0 else f"failed: {err}"
@@ -310,7 +311,7 @@ def apply_plan(plan: FixPlan, cluster: Cluster) -> list[str]:
             job = {"file": fix.known_hosts, "lines": fix.lines}
             [result] = run_on_nodes(
                 [node],
-                node_programs.argv(node.python),
+                node_programs.argv(node.python, "files"),
                 stdin=node_programs.line("files", "append_lines", job),
                 timeout=30,
             )

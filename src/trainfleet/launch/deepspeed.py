@@ -331,7 +331,7 @@ class DeepSpeedBackend:
         node; then the runner."""
         (run_dir / "hostfile").write_text(plan.hostfile)
         write_private(run_dir / "deepspeed_env", plan.ds_env)
-        python = {n.host: node_programs.argv(n.python) for n in cluster.nodes}
+        python = {n.host: node_programs.argv(n.python, "files") for n in cluster.nodes}
         pushed = run_on_nodes(cluster.nodes, python, stdin=node_files_job(plan), timeout=60)
         failed = [r for r in pushed if not r.ok]
         if failed:
@@ -345,10 +345,11 @@ class DeepSpeedBackend:
     def stop(self, plan: DeepSpeedPlan, cluster: Cluster) -> None:
         """DeepSpeed's runner stops its ranks by name (pkill -f); trainfleet then ends whatever
         still carries this run's id in its environment, and removes the run's files."""
-        python = {n.host: node_programs.argv(n.python) for n in cluster.nodes}
+        procs = {n.host: node_programs.argv(n.python, "procs") for n in cluster.nodes}
         kill = node_programs.line("procs", "kill_run", plan.options.run_id)
-        run_on_nodes(cluster.nodes, python, stdin=kill, timeout=30)
-        run_on_nodes(cluster.nodes, python, stdin=remove_job(plan), timeout=30)
+        run_on_nodes(cluster.nodes, procs, stdin=kill, timeout=30)
+        files = {n.host: node_programs.argv(n.python, "files") for n in cluster.nodes}
+        run_on_nodes(cluster.nodes, files, stdin=remove_job(plan), timeout=30)
 
 
 BACKEND = DeepSpeedBackend()

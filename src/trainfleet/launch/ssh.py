@@ -74,7 +74,7 @@ class SshBackend:
                 "grace": plan.options.grace,
                 "lifeline": LIFELINE_S,
             }
-            argv = node_argv(node, node_programs.argv(node.python), multiplex=False)
+            argv = node_argv(node, node_programs.argv(node.python, "bootstrap"), multiplex=False)
             payload = node_programs.line("bootstrap", "main", job)
             channels.append(Channel(name=node.host, argv=argv, payload=payload))
         return channels

@@ -2,20 +2,20 @@
 
     >>> needs("probe")[-1], "system" in needs("probe")
     ('probe', True)
-    >>> argv("python3")[:3]
-    ['python3', '-u', '-c']
+    >>> argv("python3", "probe")[-1]
+    'trainfleet-probe'
 
 The modules of this package run on nodes, whose python may be old and holds nothing of
 trainfleet: stdlib only, Python 3.8 syntax, and between each other only `from trainfleet.node
 import NAME` (tests/unit/test_node_package.py checks all three). The launch node imports them
 too (for their constants and for tests).
 
-`argv(python)` starts `python -u -c LOADER` on a node; LOADER reads one line from stdin,
-`line(NAME, FUNCTION, *ARGS)`: a program that makes NAME and the node modules it imports real
-modules there (`_install`), then exits with FUNCTION(*ARGS)'s return value (None: 0). The
-arguments travel as JSON inside that line, never on a command line (where `ps` would show
-them). Whatever stdin holds after the line is the program's own: the bootstrap reads it as its
-lifeline.
+`argv(python, NAME)` starts `python -u -c LOADER trainfleet-NAME` on a node; LOADER reads one
+line from stdin, `line(NAME, FUNCTION, *ARGS)`: a program that makes NAME and the node modules
+it imports real modules there (`_install`), then exits with FUNCTION(*ARGS)'s return value
+(None: 0). The arguments travel as JSON inside that line, never on a command line (where `ps`
+would show them). Whatever stdin holds after the line is the program's own: the bootstrap
+reads it as its lifeline.
 
     bootstrap   starts a node's share of a launch; nothing of it outlives the launcher
     shim        every rank's first code: its node's environment, join and exit marks
@@ -24,7 +24,7 @@ lifeline.
     files       private files (the deepspeed backend's), known_hosts lines, sync's prune
     procs       ending a run's processes by id; stack dumps of ranks (py-spy)
     collective  doctor's real all_reduce (imports torch inside its function)
-    porthold    a port held on purpose (the sandbox's `port-held` fault)
+    porthold    a port held on purpose (the sandbox's `port-in-use` fault)
 """
 
 import ast
@@ -41,9 +41,10 @@ LOADER = (
 )
 
 
-def argv(python, *args):
-    """The command that runs a shipped program with `python` (the node's)."""
-    return [python, "-u", "-c", LOADER] + list(args)
+def argv(python, name):
+    """The command that runs node module `name`'s program with `python` (the node's); its last
+    word, `trainfleet-NAME`, is what `ps` shows of it (and what tests look for)."""
+    return [python, "-u", "-c", LOADER, "trainfleet-" + name]
 
 
 def source(name):

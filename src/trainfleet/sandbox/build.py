@@ -370,7 +370,7 @@ def _port_open(address: str, port: int) -> bool:
 def _start_port_holders(sandbox: Sandbox) -> None:
     """The 'leftover process from the last run' that holds the master port (seed 000 §5.3)."""
     for index in _faulted(sandbox, "port-in-use"):
-        argv = sandbox.exec_argv(index, node_programs.argv("python3"))
+        argv = sandbox.exec_argv(index, node_programs.argv("python3", "porthold"))
         proc = subprocess.Popen(
             argv,
             stdin=subprocess.PIPE,

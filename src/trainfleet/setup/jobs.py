@@ -18,7 +18,7 @@ from trainfleet.remote import NodeResult, run_on_nodes
 from trainfleet.setup import hostkeys, verify
 
 JOB_TIMEOUT_S = 60
-JOB_ARGV = node_programs.argv(verify.PROBE_PYTHON)
+JOB_ARGV = node_programs.argv(verify.PROBE_PYTHON, "sshkeys")
 """A stdlib python3 reads the job from stdin: nodes need nothing else installed."""
 
 

@@ -99,7 +99,8 @@ def _tar_copy(node: Node, directory: str, excludes: Sequence[str]) -> str:
         return extract_err.decode(errors="replace").strip() or f"exit {extract.returncode}"
     job = {"root": directory, "keep": keep, "excludes": list(excludes)}
     prune = node_programs.line("files", "prune", job)
-    [pruned] = run_on_nodes([node], node_programs.argv("python3"), stdin=prune, timeout=120)
+    argv = node_programs.argv("python3", "files")
+    [pruned] = run_on_nodes([node], argv, stdin=prune, timeout=120)
     return "" if pruned.ok else f"removing files only on the node: {pruned.reason()}"
 
 
