@@ -104,12 +104,7 @@ def new(
     for node in cluster.nodes:
         lines += [f"  - host: {_scalar(node.host)}", f"    slots: {node.slots}"]
     text = "\n".join(lines) + "\n"
-    try:
-        written = parse_cluster_yaml(text, source)
-    except SpecError as exc:
-        raise ClusterFileError(
-            f"the new {source} would not load ({exc})", _NOTHING_WRITTEN
-        ) from None
+    written = _load(text, source, f"the new {source}")
     want = (cluster.master, cluster.master_port, [(n.host, n.slots) for n in cluster.nodes])
     got = (written.master, written.master_port, [(n.host, n.slots) for n in written.nodes])
     if got != want or any(n.interface or n.env for n in written.nodes):
@@ -162,13 +157,16 @@ def _intended(before: Cluster, nodes: NodeFields, top: Mapping[str, object]) -> 
     return replace(before, nodes=tuple(changed), **top)
 
 
-def _check_reads_back(text: str, source: str, intended: Cluster) -> None:
+def _load(text: str, source: str, what: str) -> Cluster:
+    """`text` as trainfleet loads it; ClusterFileError naming `what` when it does not."""
     try:
-        got = parse_cluster_yaml(text, source)
+        return parse_cluster_yaml(text, source)
     except SpecError as exc:
-        raise ClusterFileError(
-            f"{source}: the edited file would not load ({exc})", _NOTHING_WRITTEN
-        ) from None
+        raise ClusterFileError(f"{what} would not load ({exc})", _NOTHING_WRITTEN) from None
+
+
+def _check_reads_back(text: str, source: str, intended: Cluster) -> None:
+    got = _load(text, source, f"{source}: the edited file")
     if got == intended:
         return
     hosts = [n.host for n in got.nodes]

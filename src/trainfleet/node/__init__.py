@@ -82,13 +82,20 @@ def _imports(name):
 def line(name, function, *args):
     """The first stdin line for `argv`: node module `name` (and what it imports), then the call
     `function(*args)` (JSON values), whose return value is the exit code."""
+    call = "import json, sys\nsys.stdout.flush()\nsys.exit(sys.modules[%r].%s(*json.loads(%r)))" % (
+        "%s.%s" % (PACKAGE, name),
+        function,
+        json.dumps(list(args)),
+    )
+    return base64.b64encode(_modules(name) + call.encode()) + b"\n"
+
+
+@functools.lru_cache(maxsize=None)
+def _modules(name):
+    """The part of `line` that is the same for every node and call: the modules, installed."""
     parts = [inspect.getsource(_install)]
     parts += ["_install(%r, %r)" % (module, source(module)) for module in needs(name)]
-    parts.append(
-        "import json, sys\nsys.stdout.flush()\nsys.exit(sys.modules[%r].%s(*json.loads(%r)))"
-        % ("%s.%s" % (PACKAGE, name), function, json.dumps(list(args)))
-    )
-    return base64.b64encode("\n".join(parts).encode()) + b"\n"
+    return ("\n".join(parts) + "\n").encode()
 
 
 def _install(name, text):
