@@ -1,5 +1,6 @@
-"""commtest arithmetic and verdicts (pure), the report from a recorded run, and the result
-checks of every op (a one-rank gloo group in a subprocess: real torch, no network)."""
+"""commtest arithmetic and verdicts (pure), the report from a recorded run and from records cut
+short, and the worker itself as a one-rank gloo group in a subprocess (real torch, no network):
+the result checks of every op, and the time budget's decisions."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from trainfleet.commtest import CommtestOptions, build_report
+from trainfleet.commtest import CommtestOptions, build_report, summary_from_records
 from trainfleet.commtest.formulas import (
     OPS,
+    RECORD_MARK,
     busbw,
     round_robin,
     sizes,
@@ -160,3 +162,88 @@ def test_with_nccl_over_infiniband_the_ports_are_the_links_to_judge_against():
     report = build_report(summary)
     assert set(report.links) == {f"InfiniBand on gpu-node-{k} (2 port(s))" for k in range(1, 5)}
     assert all(rate == 50e9 for rate in report.links.values())
+
+
+def _run_worker(tmp_path, **spec_changes) -> str:
+    """The shipped worker as one gloo rank (real torch, no network); its output."""
+    import base64
+    import os
+    import socket
+
+    spec = {
+        "ops": ["all_reduce", "broadcast"],
+        "sizes": [1024, 4096, 16384],
+        "iters": 4,
+        "warmup": 1,
+        "timeout": 60,
+        "rounds": [[("gpu-node-8", "gpu-node-9")], [("gpu-node-8", "gpu-node-9")]],
+        "pair_bytes": 1024,
+        "pair_iters": 1,
+        "tcp_seconds": 0.05,
+        "pair_end": None,
+        "end": None,
+        **spec_changes,
+    }
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", TRAINFLEET_NODE="gpu-node-1")
+    encoded = base64.b64encode(json.dumps(spec).encode()).decode()
+    done = subprocess.run(
+        [sys.executable, "-m", "trainfleet.commtest.worker", encoded],
+        capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_worker_without_a_budget_measures_every_size_at_the_full_count(tmp_path):
+    summary = summary_from_records(_run_worker(tmp_path), rounds=2)
+    assert [(r["op"], r["iters"]) for r in summary["results"]] == [
+        ("all_reduce", 4), ("all_reduce", 4), ("all_reduce", 4),
+        ("broadcast", 4), ("broadcast", 4), ("broadcast", 4),
+    ]  # fmt: skip
+    assert summary["skipped"] == [] and summary["pair_rounds"] == [2, 2]
+    assert summary["seconds"] is not None  # the end record: a complete run
+
+
+def test_worker_over_its_budget_skips_what_does_not_fit_and_says_so(tmp_path):
+    """A budget already spent when measuring starts: one pair round (the first always runs),
+    then every op skipped from its first size, each named."""
+    summary = summary_from_records(_run_worker(tmp_path, pair_end=0.0, end=0.0), rounds=2)
+    assert summary["results"] == []
+    assert summary["skipped"] == [
+        {"op": "all_reduce", "bytes": 1024, "reason": "time budget"},
+        {"op": "broadcast", "bytes": 1024, "reason": "time budget"},
+    ]
+    assert summary["pair_rounds"] == [1, 2]
+    report = build_report(summary)
+    assert report.skipped == summary["skipped"] and report.pair_rounds == (1, 2)
+    text = render(report)
+    assert "# all_reduce: from 1.0 KiB up not measured (time budget)" in text
+
+
+def test_records_cut_by_an_interrupt_give_an_incomplete_report():
+    summary = json.loads(RECORDED.read_text())
+    lines = [RECORD_MARK + json.dumps({"kind": "start", **{k: summary[k] for k in
+             ("backend", "world_size", "device", "ranks")}})]  # fmt: skip
+    lines += [RECORD_MARK + json.dumps({"kind": "pairs", "round": [1, 6], **summary["pairs"]})]
+    lines += [RECORD_MARK + json.dumps({"kind": "row", **row}) for row in summary["results"][:2]]
+    lines += [RECORD_MARK + '{"kind": "row", "op": "all_red']  # torn by the interrupt
+    got = summary_from_records("noise\n" + "\n".join(lines), rounds=6)
+    assert len(got["results"]) == 2 and got["seconds"] is None and got["pair_rounds"] == [1, 6]
+    report = build_report(got, stopped="interrupted")
+    data = report.to_json()
+    assert data["complete"] is False and data["stopped"] == "interrupted"
+    assert data["verdict"].startswith("INCOMPLETE (interrupted)") and not data["passed"]
+    # The slow node is named from what was measured.
+    assert [f["nodes"] for f in data["findings"]] == [["gpu-node-3"]]
+    assert summary_from_records("no records here", rounds=0) is None
+
+
+def test_time_budget_must_be_positive():
+    with pytest.raises(TrainfleetError, match="time-budget"):
+        CommtestOptions(time_budget=0)
+    with pytest.raises(TrainfleetError, match="time-budget"):
+        CommtestOptions(time_budget=-5)

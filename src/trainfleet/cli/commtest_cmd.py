@@ -16,13 +16,17 @@ from trainfleet.cli.common import CLUSTER_YAML_EXAMPLE, add_cluster_arguments, c
 HELP = "collective bandwidth across the cluster, a verdict, and the slow node or link"
 DESCRIPTION = """\
 Runs one job through `trainfleet launch` on every slot of every node (NCCL on GPUs, gloo on
-CPUs; the nodes need trainfleet and torch installed): per op and size, the time per op on
-the slowest rank, algbw and busbw with nccl-tests' factors, and a check of every result.
-Then the nodes' first ranks measure each pair of nodes, in rounds of disjoint pairs:
-send/recv and a raw TCP stream, each direction. A node or link much slower than the rest is
-named (`slow-link`). The verdict compares all_reduce busbw at the largest size with the
-slowest link (kernel-reported speed, raw TCP). Exit 0: PASS; 1: shortfall, wrong results or
-a slow link; 2: the job did not finish (a hung collective ends at --timeout)."""
+CPUs; the nodes need trainfleet and torch installed), within --time-budget seconds of
+measuring. First the nodes' first ranks measure each pair of nodes, in rounds of disjoint
+pairs: send/recv and a raw TCP stream, each direction; a node or link much slower than the
+rest is named (`slow-link`) as soon as the rounds show it. Then per op and size: the time per
+op on the slowest rank (as many ops as the budget gives each size, at most --iters), algbw and
+busbw with nccl-tests' factors, and a check of every result; sizes that no longer fit the
+budget are skipped and listed. The verdict compares all_reduce busbw at the largest size
+measured with the slowest link (kernel-reported speed, raw TCP). Ctrl-C or a hung collective
+still prints what was measured (and valid --json), marked incomplete.
+Exit 0: PASS; 1: shortfall, wrong results or a slow link; 2: the job did not finish (a hung
+collective ends at --timeout); 130: interrupted."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,7 +38,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-bytes", default="1K", metavar="SIZE")
     parser.add_argument("--max-bytes", default="1G", metavar="SIZE")
     parser.add_argument("--factor", type=int, default=2)
-    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument(
+        "--time-budget",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="seconds of measuring, pair rounds first (default 60; 0: no bound)",
+    )
+    parser.add_argument(
+        "--iters", type=int, default=20, help="at most this many timed ops per size (default 20)"
+    )
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument(
         "--timeout", type=int, default=60, metavar="S", help="a collective taking longer is hung"
@@ -61,11 +74,16 @@ def run(args: argparse.Namespace) -> int:
         factor=args.factor,
         iters=args.iters,
         warmup=args.warmup,
+        time_budget=args.time_budget or None,
         timeout=args.timeout,
         pairs=not args.no_pairs,
         pair_bytes=parse_size(args.pair_bytes),
     )
     try:
+        if args.time_budget < 0:
+            raise TrainfleetError(
+                f"--time-budget {args.time_budget:g} is negative", "give seconds, or 0 for no bound"
+            )
         report = run_commtest(
             cluster_from_args(args),
             options,
@@ -74,9 +92,14 @@ def run(args: argparse.Namespace) -> int:
     except TrainfleetError as exc:
         print(f"trainfleet commtest: {exc}", file=sys.stderr)
         return 2
-    if args.plot:
+    if args.plot and report.results:
         plot(report, Path(args.plot))
     print(json.dumps(report.to_json(), indent=2) if args.json else render(report))
-    if args.plot and not args.json:
+    if args.plot and report.results and not args.json:
         print(f"plot: {args.plot}")
+    if report.stopped == "interrupted":
+        return 130
+    if report.stopped:
+        print(f"trainfleet commtest: {report.stopped}", file=sys.stderr)
+        return 2
     return 0 if report.passed and not report.findings else 1

@@ -7,8 +7,10 @@ or link found.
     >>> report.passed, [f.nodes for f in report.findings]  # doctest: +SKIP
 
 One job through `trainfleet launch` on every slot of every node (`worker.py`: NCCL on GPUs, gloo
-on CPUs); rank 0's JSON line, read back from the run's log, becomes a CommtestReport: the table,
-`slow-link` findings from the pair rounds, and the verdict (`formulas.py`).
+on CPUs), within a time budget; rank 0's JSON records, read back from the run's log, become a
+CommtestReport: the table, `slow-link` findings from the pair rounds, and the verdict
+(`formulas.py`). A run that was interrupted or whose collective hung still gives the report of
+what was measured, marked incomplete (`stopped` says why).
 """
 
 from __future__ import annotations
@@ -34,7 +36,10 @@ class CommtestOptions:
     max_bytes: int = 1 << 30
     factor: int = 2
     iters: int = 20
+    """At most this many timed ops per size; fewer where the time budget runs short."""
     warmup: int = 5
+    time_budget: float | None = 60.0
+    """Seconds of measuring (after every rank joined); None: no bound, `iters` everywhere."""
     timeout: int = 60
     """Seconds a collective may take before it counts as hung (the process group's timeout)."""
     pairs: bool = True
@@ -43,6 +48,11 @@ class CommtestOptions:
     tcp_seconds: float = 0.5
 
     def __post_init__(self) -> None:
+        if self.time_budget is not None and self.time_budget <= 0:
+            raise TrainfleetError(
+                f"--time-budget {self.time_budget:g} is not a duration",
+                "give seconds above 0, or 0 on the command line for no bound",
+            )
         unknown = [op for op in self.ops if op not in formulas.OPS]
         if unknown:
             raise TrainfleetError(
@@ -63,6 +73,14 @@ class CommtestReport:
     passed: bool = False
     verdict: str = ""
     run_dir: Path | None = None
+    skipped: list[dict] = field(default_factory=list)
+    """{op, bytes, reason}: the sizes from `bytes` up not measured for `op`."""
+    pair_rounds: tuple[int, int] = (0, 0)
+    """(measured, scheduled) node pair rounds."""
+    seconds: float | None = None
+    """Measuring time, as the slowest rank saw it; None when the run did not end."""
+    stopped: str | None = None
+    """Why the run ended before measuring everything it could (interrupt, hung collective)."""
 
     def to_json(self) -> dict:
         return {
@@ -76,6 +94,11 @@ class CommtestReport:
             "passed": self.passed,
             "verdict": self.verdict,
             "run_dir": str(self.run_dir) if self.run_dir else None,
+            "skipped": self.skipped,
+            "pair_rounds": list(self.pair_rounds),
+            "seconds": self.seconds,
+            "complete": self.stopped is None,
+            "stopped": self.stopped,
         }
 
 
@@ -83,8 +106,49 @@ def _directed(rates: dict[str, float]) -> dict[tuple[str, str], float]:
     return {tuple(key.split(">", 1)): rate for key, rate in rates.items()}  # type: ignore[misc]
 
 
-def build_report(summary: dict, run_dir: Path | None = None) -> CommtestReport:
-    """The report from rank 0's JSON line (pure)."""
+def summary_from_records(text: str, rounds: int) -> dict | None:
+    """What rank 0 recorded (its log's RECORD_MARK lines), as one summary; None before its
+    first record. `rounds`: the pair rounds scheduled. A torn last line (an interrupt while
+    it was written) is left out."""
+    summary: dict | None = None
+    for line in text.splitlines():
+        if formulas.RECORD_MARK not in line:
+            continue
+        try:
+            record = json.loads(line.split(formulas.RECORD_MARK, 1)[1])
+        except json.JSONDecodeError:
+            continue
+        kind = record.pop("kind", None)
+        if kind == "start":
+            summary = {**record, "results": [], "pairs": {"sendrecv": {}, "tcp": {}}}
+            summary.update(skipped=[], pair_rounds=[0, rounds], seconds=None)
+        elif summary is None:
+            continue
+        elif kind == "row":
+            summary["results"].append(record)
+        elif kind == "pairs":
+            summary["pair_rounds"] = record["round"]
+            for what in ("sendrecv", "tcp"):
+                summary["pairs"][what].update(record[what])
+        elif kind == "skipped":
+            summary["skipped"].append(record)
+        elif kind == "end":
+            summary["seconds"] = record["seconds"]
+    return summary
+
+
+def pair_findings(pairs: dict[str, dict[str, float]]) -> list[Finding]:
+    """`slow-link` from the pair rounds: send/recv first, raw TCP where it names more."""
+    findings = formulas.slow_findings(_directed(pairs.get("sendrecv", {})), "send/recv")
+    tcp = formulas.slow_findings(_directed(pairs.get("tcp", {})), "raw TCP")
+    covered = {n for f in findings for n in f.nodes}
+    return findings + [f for f in tcp if not set(f.nodes) <= covered]
+
+
+def build_report(
+    summary: dict, run_dir: Path | None = None, stopped: str | None = None
+) -> CommtestReport:
+    """The report from rank 0's records (pure); `stopped` marks it incomplete."""
     links: dict[str, float] = {}
     for rank in summary["ranks"]:
         if rank["local_rank"] != 0:
@@ -101,10 +165,7 @@ def build_report(summary: dict, run_dir: Path | None = None) -> CommtestReport:
     infiniband = {k: v for k, v in links.items() if k.startswith("InfiniBand")}
     if infiniband:  # NCCL's data goes over them, not over the socket interface
         links = infiniband
-    findings = formulas.slow_findings(_directed(summary["pairs"].get("sendrecv", {})), "send/recv")
-    tcp = formulas.slow_findings(_directed(summary["pairs"].get("tcp", {})), "raw TCP")
-    covered = {n for f in findings for n in f.nodes}
-    findings += [f for f in tcp if not set(f.nodes) <= covered]
+    findings = pair_findings(summary["pairs"])
     reduce_rows = [r for r in summary["results"] if r["op"] == "all_reduce"]
     largest = max(reduce_rows, key=lambda r: r["bytes"], default=None)
     passed, verdict = formulas.verdict(
@@ -115,6 +176,9 @@ def build_report(summary: dict, run_dir: Path | None = None) -> CommtestReport:
         passed = False
         where = ", ".join(f"{r['op']} at {r['bytes']} B" for r in wrong)
         verdict = f"WRONG RESULTS: {where}; {verdict}"
+    if stopped:
+        passed = False
+        verdict = f"INCOMPLETE ({stopped}): {verdict}"
     return CommtestReport(
         backend=summary["backend"],
         world_size=summary["world_size"],
@@ -126,18 +190,43 @@ def build_report(summary: dict, run_dir: Path | None = None) -> CommtestReport:
         passed=passed,
         verdict=verdict,
         run_dir=run_dir,
+        skipped=summary.get("skipped", []),
+        pair_rounds=tuple(summary.get("pair_rounds", (0, 0))),
+        seconds=summary.get("seconds"),
+        stopped=stopped,
     )
 
 
 class _Progress:
-    """Shows rank 0's `commtest:` lines while the job runs; the rest stays in the run's logs."""
+    """Shows rank 0's `commtest:` lines while the job runs, and a slow link as soon as the
+    pair rounds name it; the rest stays in the run's logs."""
 
     def __init__(self, stream) -> None:
         self.stream = stream
+        self.pairs: dict[str, dict[str, float]] = {"sendrecv": {}, "tcp": {}}
+        self.named: set[tuple[str, ...]] = set()
 
     def write(self, text: str) -> None:
         if "] commtest: " in text:
-            self.stream.write(text.split("] ", 1)[1] if "] " in text else text)
+            self.stream.write(text.split("] ", 1)[1])
+        elif "] " + formulas.RECORD_MARK in text:
+            self._pairs_record(text.split(formulas.RECORD_MARK, 1)[1])
+
+    def _pairs_record(self, line: str) -> None:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            return
+        if record.get("kind") != "pairs":
+            return
+        for what in self.pairs:
+            self.pairs[what].update(record.get(what, {}))
+        for finding in pair_findings(self.pairs):
+            if finding.nodes not in self.named:
+                self.named.add(finding.nodes)
+                self.stream.write(
+                    f"commtest: slow-link [{', '.join(finding.nodes)}]: {finding.evidence[0]}\n"
+                )
 
     def flush(self) -> None:
         self.stream.flush()
@@ -151,17 +240,25 @@ def _rank0_log(run_dir: Path, master: str) -> str:
 def run_commtest(
     cluster: Cluster, options: CommtestOptions, *, run_dir: Path | None = None, progress=None
 ) -> CommtestReport:
+    """The report of what was measured; `stopped` set when the run ended early (interrupted,
+    a collective hung). Raises when nothing was measured at all."""
     nodes = [n.host for n in cluster.nodes]
+    rounds = formulas.round_robin(nodes) if options.pairs and len(nodes) > 1 else []
+    budget = options.time_budget
     spec = {
         "ops": list(options.ops),
         "sizes": formulas.sizes(options.min_bytes, options.max_bytes, options.factor),
         "iters": options.iters,
         "warmup": options.warmup,
         "timeout": options.timeout,
-        "rounds": formulas.round_robin(nodes) if options.pairs and len(nodes) > 1 else [],
+        "rounds": rounds,
         "pair_bytes": options.pair_bytes,
         "pair_iters": options.pair_iters,
-        "tcp_seconds": options.tcp_seconds,
+        "tcp_seconds": formulas.tcp_seconds(
+            budget or float("inf"), len(rounds), options.tcp_seconds
+        ),
+        "pair_end": budget * formulas.PAIR_SHARE if budget else None,
+        "end": budget,
     }
     encoded = base64.b64encode(json.dumps(spec).encode()).decode()
     launch_options = LaunchOptions(
@@ -172,9 +269,12 @@ def run_commtest(
     run_dir = run_dir or Path("trainfleet-runs") / f"commtest-{launch_options.run_id}"
     plan, _ = prepare(cluster, launch_options, run_dir=run_dir)
     result = launch(plan, cluster, run_dir=run_dir, out=_Progress(progress or sys.stderr))
-    log = _rank0_log(run_dir, cluster.master)
-    line = next((x for x in log.splitlines() if formulas.RESULT_MARK in x), None)
-    if result.state is not RunState.DONE or line is None:
+    summary = summary_from_records(_rank0_log(run_dir, cluster.master), len(rounds))
+    if result.state is RunState.DONE and summary and summary["seconds"] is not None:
+        return build_report(summary, run_dir)
+    if result.state is RunState.INTERRUPTED:
+        stopped = "interrupted"
+    else:
         timeouts = [
             x.split("commtest: ", 1)[1]
             for f in sorted((run_dir / "logs").glob("*.log"))
@@ -182,9 +282,10 @@ def run_commtest(
             if "commtest: TIMEOUT" in x
         ]
         cause = result.root_cause.text if result.root_cause else result.state.value
+        stopped = f"the commtest job did not finish: {timeouts[0] if timeouts else cause}"
+    if summary is None:
         raise TrainfleetError(
-            f"the commtest job did not finish: {timeouts[0] if timeouts else cause}",
+            stopped,
             f"see {run_dir / 'logs'}; `trainfleet doctor` checks the links between the nodes",
         )
-    summary = json.loads(line.split(formulas.RESULT_MARK, 1)[1])
-    return build_report(summary, run_dir)
+    return build_report(summary, run_dir, stopped=stopped)

@@ -23,8 +23,11 @@ from trainfleet.errors import TrainfleetError
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "sendrecv")
 SLOW_FRACTION = 0.25
 """A pair slower than this fraction of the median of the other pairs is slow."""
-RESULT_MARK = "@@trainfleet-commtest "
-"""Starts rank 0's one JSON line of results (worker.py prints it, run_commtest reads it)."""
+RECORD_MARK = "@@trainfleet-commtest "
+"""Starts each of rank 0's JSON records (worker.py prints one per measurement as it is made,
+run_commtest reads them back: what was measured survives an interrupt or a hung collective)."""
+PAIR_SHARE = 0.4
+"""Of the time budget, what the node pair rounds may use; the sweep gets what they leave."""
 PASS_FRACTION = 0.5
 """all_reduce busbw at the largest size must reach this fraction of the slowest link."""
 
@@ -55,6 +58,54 @@ def sizes(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
         found.append(size)
         size *= factor
     return found
+
+
+def estimate(seconds: float, measured_bytes: int, size: int) -> float:
+    """One op of `size` bytes, from one of `measured_bytes` that took `seconds`: linear in the
+    bytes above it (bandwidth-bound), never less (latency-bound below it).
+
+    >>> estimate(0.01, 1 << 20, 4 << 20)
+    0.04
+    """
+    return seconds * max(1.0, size / measured_bytes)
+
+
+def iters_for(seconds_left: float, estimates: Sequence[float], warmup: int, most: int) -> int:
+    """Timed iterations of the current size when it and the sizes still to come (`estimates`:
+    one op of each, the current first) share `seconds_left` equally; every size also runs its
+    warmup ops and one check. At least 1, at most `most`: small sizes get `most` and leave
+    most of their share to the large ones.
+
+    >>> iters_for(8.0, [0.01, 0.02, 0.04, 0.08], warmup=1, most=20)
+    20
+    >>> iters_for(8.0, [0.5, 1.0], warmup=1, most=20)
+    6
+    >>> iters_for(float("inf"), [0.1], warmup=5, most=20)
+    20
+    """
+    if not estimates or estimates[0] <= 0 or seconds_left == float("inf"):
+        return most
+    share = seconds_left / len(estimates)
+    return max(1, min(most, int(share / estimates[0]) - min(warmup, most) - 1))
+
+
+def least_ops(warmup: int) -> int:
+    """Ops a size needs at the fewest: the probe, one warmup op if any are asked for, one timed
+    op, and the check."""
+    return 3 + min(warmup, 1)
+
+
+def tcp_seconds(budget: float, rounds: int, most: float) -> float:
+    """The raw TCP stream's length per direction, so that the pair rounds (two directions,
+    each also timed with send/recv) fit PAIR_SHARE of the budget: `most` unless that is too
+    long, never below 0.05 s.
+
+    >>> tcp_seconds(60, rounds=3, most=0.5), tcp_seconds(60, rounds=63, most=0.5)
+    (0.5, 0.095)
+    """
+    if not rounds or budget == float("inf"):
+        return most
+    return round(max(0.05, min(most, budget * PAIR_SHARE / rounds / 4)), 3)
 
 
 def round_robin(nodes: Sequence[str]) -> list[list[tuple[str, str]]]:

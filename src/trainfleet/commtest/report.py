@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from trainfleet.commtest import CommtestReport
+from trainfleet.commtest.formulas import human
 from trainfleet.doctor.report import finding_lines
 from trainfleet.errors import TrainfleetError
 
@@ -33,6 +34,10 @@ def render(report: CommtestReport) -> str:
         )
     wrong = sum(r["wrong"] for r in report.results)
     lines.append(f"# Out of bounds values : {wrong} {'OK' if not wrong else 'WRONG'}")
+    for skip in report.skipped:
+        lines.append(
+            f"# {skip['op']}: from {human(skip['bytes'])} up not measured ({skip['reason']})"
+        )
     if report.pairs.get("sendrecv"):
         lines += [
             "",
@@ -42,9 +47,14 @@ def render(report: CommtestReport) -> str:
         for key, rate in sorted(report.pairs["sendrecv"].items()):
             raw = f"   raw TCP {tcp[key] / 1e6:9.1f} MB/s" if key in tcp else ""
             lines.append(f"  {key.replace('>', ' -> '):<32} send/recv {rate / 1e6:9.1f} MB/s{raw}")
+        done, scheduled = report.pair_rounds
+        if done < scheduled:
+            lines.append(f"  ({done} of {scheduled} rounds measured)")
     for finding in report.findings:
         lines += ["", *finding_lines(finding)]
     lines += ["", report.verdict]
+    if report.seconds is not None:
+        lines.append(f"measured in {report.seconds:.1f} s")
     if report.run_dir:
         lines.append(f"logs: {report.run_dir / 'logs'}")
     return "\n".join(lines)

@@ -1,14 +1,21 @@
 """The commtest program, run in every rank by `trainfleet launch` (`-m trainfleet.commtest.worker
-SPEC`): collectives timed per size, their results checked, then node pairs measured in rounds.
+SPEC`): node pairs measured in rounds, then collectives timed per size and their results
+checked, all within a time budget.
 
-Each op and size: a barrier, `iters` ops back to back (after `warmup`), time per op = the
-slowest rank's (all_reduce MAX); on GPUs, CUDA events. The result of the last op is checked
-against the values every rank can predict. Then, between the first ranks of every two nodes, in
-rounds of disjoint pairs: torch.distributed send/recv and a raw TCP stream on the same
-interfaces, each direction timed by its receiver. Rank 0 prints one JSON line (RESULT_MARK).
+First, between the first ranks of every two nodes, in rounds of disjoint pairs:
+torch.distributed send/recv and a raw TCP stream on the same interfaces, each direction timed by
+its receiver; the rounds stop when their share of the budget is spent. Then each op and size: one
+op timed alone (the probe), `warmup` ops, as many timed ops back to back as the budget left
+gives every size still to come (at most `iters`), time per op = the slowest rank's (all_reduce
+MAX; on GPUs, CUDA events), and one more op from known inputs whose result every rank can
+predict. A size whose estimated time no longer fits the op's share of the budget, and the
+larger ones, are skipped and said so. Every decision is taken on values all ranks agree on (the
+slowest rank's clock and times), so every rank runs the same collectives.
 
-A collective that hangs ends at the process group's timeout with `commtest: TIMEOUT op=...`
-and exit code 124; the launcher then stops every rank.
+Rank 0 prints one JSON record per measurement as soon as it has it (RECORD_MARK): an interrupt
+or a hung collective loses only what was not measured. A collective that hangs ends at the
+process group's timeout with `commtest: TIMEOUT op=...` and exit code 124; the launcher then
+stops every rank.
 """
 
 from __future__ import annotations
@@ -27,7 +34,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from trainfleet.commtest.formulas import RESULT_MARK, busbw_factor
+from trainfleet.commtest import formulas
+from trainfleet.commtest.formulas import RECORD_MARK, busbw_factor
 
 DTYPE = torch.float32
 ELEMENT = 4
@@ -36,6 +44,27 @@ ELEMENT = 4
 def _say(text: str) -> None:
     if dist.get_rank() == 0:
         print(f"commtest: {text}", flush=True)
+
+
+def _record(kind: str, **fields) -> None:
+    if dist.get_rank() == 0:
+        print(RECORD_MARK + json.dumps({"kind": kind, **fields}), flush=True)
+
+
+class Clock:
+    """Seconds since measuring began, as the slowest rank sees them (all_reduce MAX): every
+    rank reads the same value, so budget decisions taken on it agree."""
+
+    def __init__(self) -> None:
+        dist.barrier()
+        self.start = time.monotonic()
+
+    def now(self, device: torch.device) -> float:
+        elapsed = torch.tensor([time.monotonic() - self.start], dtype=torch.float64)
+        if device.type == "cuda":
+            elapsed = elapsed.to(device)
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+        return float(elapsed.item())
 
 
 def _sync(device: torch.device) -> None:
@@ -120,6 +149,22 @@ class Op:
         else:
             got, want = self.out, torch.full_like(self.out, (r - 1) % n + 1)
         return int((got != want).sum().item())
+
+
+def probe(op: Op, device: torch.device) -> float:
+    """Seconds of one op on the slowest rank: the first op of a size, timed alone, from which
+    the size's iteration count and the next size's estimate follow."""
+    op.reset()
+    _sync(device)
+    dist.barrier()
+    start = time.perf_counter()
+    op.run()
+    _sync(device)
+    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+    if device.type == "cuda":
+        elapsed = elapsed.to(device)
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+    return float(elapsed.item())
 
 
 def time_op(op: Op, iters: int, warmup: int, device: torch.device) -> tuple[float, int]:
@@ -213,16 +258,22 @@ def _tcp_receive(listener: socket.socket) -> float:
     return total / elapsed if elapsed > 0 else 0.0
 
 
-def pairs(spec: dict, me: dict, everyone: list[dict], device: torch.device) -> dict:
+def pairs(spec: dict, me: dict, everyone: list[dict], device: torch.device, clock: Clock) -> None:
     """Send/recv and raw TCP rates per directed node pair, measured in rounds of disjoint
-    pairs between the nodes' first ranks; every rank takes part in the round barriers."""
+    pairs between the nodes' first ranks; every rank takes part in the round barriers. Each
+    round's rates are recorded when it ends; the rounds stop at `pair_end` on the clock."""
     leaders = {p["node"]: p["rank"] for p in everyone if p["local_rank"] == 0}
     address = {p["node"]: (p["address"], p["port"]) for p in everyone if p["local_rank"] == 0}
-    rates: dict[str, dict[str, float]] = {"sendrecv": {}, "tcp": {}}
     buf = torch.ones(max(1, spec["pair_bytes"] // ELEMENT), dtype=DTYPE, device=device)
     listener = me.pop("listener", None)
+    total = len(spec["rounds"])
     for number, round_pairs in enumerate(spec["rounds"], 1):
-        _say(f"pairs, round {number}/{len(spec['rounds'])}: {round_pairs}")
+        if number > 1 and clock.now(device) > spec["pair_end"]:
+            _say(f"pairs: {number - 1} of {total} rounds fit the time budget; the rest skipped")
+            _record("pairs-skipped", rounds=[number - 1, total])
+            break
+        _say(f"pairs, round {number}/{total}: {round_pairs}")
+        rates: dict[str, dict[str, float]] = {"sendrecv": {}, "tcp": {}}
         for a, b in round_pairs:
             if me["node"] not in (a, b) or me["local_rank"] != 0:
                 continue
@@ -249,20 +300,64 @@ def pairs(spec: dict, me: dict, everyone: list[dict], device: torch.device) -> d
                         _tcp_send(address[dst], spec["tcp_seconds"])
                     else:
                         rates["tcp"][f"{src}>{dst}"] = _tcp_receive(listener)
-        dist.barrier()
+        gathered: list = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, rates)
+        merged: dict[str, dict[str, float]] = {"sendrecv": {}, "tcp": {}}
+        for part in gathered:
+            for kind in merged:
+                merged[kind].update(part[kind])
+        _record("pairs", round=[number, total], **merged)
     if listener is not None:
         listener.close()
-    gathered: list = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, rates)
-    merged: dict[str, dict[str, float]] = {"sendrecv": {}, "tcp": {}}
-    for part in gathered:
-        for kind in merged:
-            merged[kind].update(part[kind])
-    return merged
+
+
+def sweep(spec: dict, device: torch.device, clock: Clock, where: dict) -> None:
+    """Every op at every size that fits its share of the budget, each row recorded; `where`
+    names the op and size being measured (for the TIMEOUT line of a hung collective)."""
+    n, ops, sizes = dist.get_world_size(), spec["ops"], spec["sizes"]
+    end = spec["end"]
+    for k, name in enumerate(ops):
+        now = clock.now(device)
+        op_end = now + (end - now) / (len(ops) - k)  # what earlier ops left goes on
+        last: tuple[float, int] | None = None  # (seconds per op, bytes) of the last size
+        for i, size in enumerate(sizes):
+            now = clock.now(device)
+            guess = formulas.estimate(*last, size) if last else 0.0
+            if now >= op_end or now + guess * formulas.least_ops(spec["warmup"]) > op_end:
+                _say(f"{name}: sizes from {formulas.human(size)} skipped, over the time budget")
+                _record("skipped", op=name, bytes=size, reason="time budget")
+                break
+            where.update(op=name, bytes=size)
+            op = Op(name, size, device)
+            first = probe(op, device)
+            guesses = [formulas.estimate(first, op.bytes, s) for s in sizes[i:]]
+            iters = formulas.iters_for(op_end - now - first, guesses, spec["warmup"], spec["iters"])
+            warmup = min(spec["warmup"], iters)
+            seconds, wrong = time_op(op, iters, warmup, device)
+            last = (max(seconds, first), op.bytes)
+            algbw = op.bytes / seconds
+            row = {
+                "op": name,
+                "bytes": op.bytes,
+                "count": op.bytes // ELEMENT,
+                "time_us": seconds * 1e6,
+                "algbw": algbw,
+                "busbw": algbw * busbw_factor(name, n),
+                "wrong": wrong,
+                "iters": iters,
+            }
+            _record("row", **row)
+            _say(
+                f"{name:<15} {op.bytes:>12} B  {row['time_us']:>12.1f} us  "
+                f"busbw {row['busbw'] / 1e9:8.3f} GB/s  wrong {wrong}  ({iters} iters)"
+            )
+            del op
 
 
 def main(argv: list[str]) -> int:
     spec = json.loads(base64.b64decode(argv[0]))
+    for key in ("end", "pair_end"):  # None: no bound
+        spec[key] = float("inf") if spec[key] is None else spec[key]
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     on_gpu = torch.cuda.is_available()
     device = torch.device(f"cuda:{local_rank}" if on_gpu else "cpu")
@@ -292,53 +387,32 @@ def main(argv: list[str]) -> int:
     if local_rank == 0 and me["address"]:
         me["listener"] = listener
     _say(f"{n} ranks joined ({backend}); {len(spec['ops'])} op(s) x {len(spec['sizes'])} size(s)")
-    results = []
-    current = None
+    _record(
+        "start",
+        backend=backend,
+        world_size=n,
+        device=torch.cuda.get_device_name(device) if on_gpu else "cpu",
+        ranks=[
+            {k: v for k, v in p.items() if k != "port"} for p in everyone if not p["local_rank"]
+        ],
+    )
+    where = {"op": "pairs", "bytes": spec["pair_bytes"]}
     try:
-        for name in spec["ops"]:
-            for size in spec["sizes"]:
-                current = (name, size)
-                op = Op(name, size, device)
-                seconds, wrong = time_op(op, spec["iters"], spec["warmup"], device)
-                algbw = op.bytes / seconds
-                row = {
-                    "op": name,
-                    "bytes": op.bytes,
-                    "count": op.bytes // ELEMENT,
-                    "time_us": seconds * 1e6,
-                    "algbw": algbw,
-                    "busbw": algbw * busbw_factor(name, n),
-                    "wrong": wrong,
-                }
-                results.append(row)
-                _say(
-                    f"{name:<15} {op.bytes:>12} B  {row['time_us']:>12.1f} us  "
-                    f"busbw {row['busbw'] / 1e9:8.3f} GB/s  wrong {wrong}"
-                )
-                del op
-        current = ("pairs", spec["pair_bytes"])
-        pair_rates = pairs(spec, me, everyone, device) if spec["rounds"] else {}
+        clock = Clock()
+        if spec["rounds"]:
+            pairs(spec, me, everyone, device, clock)
+        sweep(spec, device, clock, where)
     except RuntimeError as exc:
         if "timed out" in str(exc).lower() or "timeout" in str(exc).lower():
-            op_name, size = current or ("?", 0)
             print(
-                f"commtest: TIMEOUT op={op_name} bytes={size} rank={dist.get_rank()} "
+                f"commtest: TIMEOUT op={where['op']} bytes={where['bytes']} rank={dist.get_rank()} "
                 f"after {spec['timeout']} s: {str(exc).splitlines()[0][:200]}",
                 file=sys.stderr,
                 flush=True,
             )
             return 124
         raise
-    if dist.get_rank() == 0:
-        summary = {
-            "backend": backend,
-            "world_size": n,
-            "device": torch.cuda.get_device_name(device) if on_gpu else "cpu",
-            "ranks": [{k: v for k, v in p.items() if k != "port"} for p in everyone],
-            "results": results,
-            "pairs": pair_rates,
-        }
-        print(RESULT_MARK + json.dumps(summary), flush=True)
+    _record("end", seconds=clock.now(device))
     dist.barrier()
     dist.destroy_process_group()
     return 0
