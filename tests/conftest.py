@@ -11,6 +11,7 @@ import itertools
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -33,6 +34,55 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "cluster" in item.keywords and missing:
             item.add_marker(pytest.mark.skip(reason=f"cluster tier: {missing}"))
+
+
+JIT_OPS = {"deepspeed_shm_comm": "ShareMemCommBuilder", "fused_adam": "FusedAdamBuilder"}
+"""DeepSpeed's CPU ops that the tests' DeepSpeed jobs JIT-build on first use (op -> builder)."""
+
+_JIT_BUILD = """
+import sys
+import deepspeed.ops
+from deepspeed.accelerator import get_accelerator
+builder = get_accelerator().create_op_builder(sys.argv[1])
+if builder is not None and deepspeed.ops.__compatible_ops__.get(builder.NAME, False):
+    builder.load()
+"""
+
+
+def _unbuilt_jit_ops() -> list[str]:
+    """Those of JIT_OPS with no built library where torch's JIT puts it."""
+    import glob
+    from pathlib import Path
+
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    dirs = (
+        [root]
+        if root
+        else glob.glob(f"{cache}/torch_extensions/py{sys.version_info[0]}{sys.version_info[1]}_*")
+    )
+    return [op for op in JIT_OPS if not any(glob.glob(f"{d}/{op}/{op}*.so") for d in dirs)]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """On a machine where DeepSpeed has not built its CPU ops yet (a fresh clone with an empty
+    extensions directory), start building each in the background as the session begins, all at
+    once: otherwise the first DeepSpeed job (test_plan_zero's ranks) builds them one after the
+    other (about 60 s + 85 s here) while everything else waits on it. The build is DeepSpeed's
+    own JIT build, so a job that needs an op meanwhile waits on torch's lock for it, as it
+    would for another rank's build; nothing is skipped and every job still loads the ops. Once
+    per session (the xdist controller, not each worker); nothing starts where they are built."""
+    import importlib.util
+
+    if hasattr(config, "workerinput") or importlib.util.find_spec("deepspeed") is None:
+        return
+    for op in _unbuilt_jit_ops():
+        subprocess.Popen(
+            [sys.executable, "-c", _JIT_BUILD, JIT_OPS[op]],
+            env={**os.environ, "DS_ACCELERATOR": "cpu"},
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )  # fmt: skip
 
 
 _names = itertools.count(1)
