@@ -247,3 +247,13 @@ def test_time_budget_must_be_positive():
         CommtestOptions(time_budget=0)
     with pytest.raises(TrainfleetError, match="time-budget"):
         CommtestOptions(time_budget=-5)
+
+
+def test_a_run_stopped_before_any_record_still_gives_a_report():
+    empty = {"backend": "?", "world_size": 6, "device": "?", "ranks": [], "results": []}
+    empty.update(pairs={}, pair_rounds=[0, 3])
+    data = build_report(empty, stopped="the commtest job did not finish: joining").to_json()
+    assert json.loads(json.dumps(data))["complete"] is False
+    assert data["results"] == [] and data["findings"] == [] and not data["passed"]
+    assert data["verdict"].startswith("INCOMPLETE (the commtest job did not finish: joining)")
+    assert "INCOMPLETE" in render(build_report(empty, stopped="interrupted"))

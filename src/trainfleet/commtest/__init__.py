@@ -241,7 +241,7 @@ def run_commtest(
     cluster: Cluster, options: CommtestOptions, *, run_dir: Path | None = None, progress=None
 ) -> CommtestReport:
     """The report of what was measured; `stopped` set when the run ended early (interrupted,
-    a collective hung). Raises when nothing was measured at all."""
+    a collective hung, ranks that never joined: then nothing was measured)."""
     nodes = [n.host for n in cluster.nodes]
     rounds = formulas.round_robin(nodes) if options.pairs and len(nodes) > 1 else []
     budget = options.time_budget
@@ -283,9 +283,8 @@ def run_commtest(
         ]
         cause = result.root_cause.text if result.root_cause else result.state.value
         stopped = f"the commtest job did not finish: {timeouts[0] if timeouts else cause}"
-    if summary is None:
-        raise TrainfleetError(
-            stopped,
-            f"see {run_dir / 'logs'}; `trainfleet doctor` checks the links between the nodes",
-        )
+    if summary is None:  # stopped before rank 0 recorded anything: an empty report, still one
+        stopped += f" (see {run_dir / 'logs'}; `trainfleet doctor` checks the links between nodes)"
+        summary = {"backend": "?", "world_size": plan.world_size, "device": "?", "ranks": []}
+        summary.update(results=[], pairs={}, pair_rounds=[0, len(rounds)])
     return build_report(summary, run_dir, stopped=stopped)
