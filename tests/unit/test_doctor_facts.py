@@ -126,7 +126,10 @@ def test_a_real_probe_sheet_parses_with_nothing_lost(tmp_path):
     assert "lo" in {i.name for i in facts.interfaces} and facts.route_to_master.dev
     assert facts.python.executable == sys.executable and facts.imports is not None
     assert facts.workdir.exists is True and facts.code.sha256 and facts.memory.available
-    assert [lock.path for lock in facts.jit_locks] == [str(tmp_path / "ext/fused_adam/lock")]
+    # The planted lock; a build running on this machine (the session's background build of
+    # DeepSpeed's ops on a fresh machine) holds its own locks in the default root, seen too.
+    mine = [lock.path for lock in facts.jit_locks if lock.path.startswith(str(tmp_path))]
+    assert mine == [str(tmp_path / "ext/fused_adam/lock")]
     assert facts.active.token == "written" and facts.active.shared == {"other": False}
     assert set(facts.active.tcp["other"].values()) == {"open"}
     assert facts.active.bandwidth_in["other"].bytes > 0

@@ -225,7 +225,7 @@ class _Progress:
             if finding.nodes not in self.named:
                 self.named.add(finding.nodes)
                 self.stream.write(
-                    f"commtest: slow-link [{', '.join(finding.nodes)}]: {finding.evidence[0]}\n"
+                    f"commtest: {finding.id} [{', '.join(finding.nodes)}]: {finding.evidence[0]}\n"
                 )
 
     def flush(self) -> None:
