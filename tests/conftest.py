@@ -2,16 +2,21 @@
 
 A cluster test on a machine without root or `ip netns` is skipped with the reason; CI runs as
 root, so both tiers run there. The `make_sandbox` fixture always takes its sandboxes down,
-also when the test fails.
+also when the test fails; a session that runs cluster tests takes down at its end every
+sandbox that was not up at its start (SIGTERM, a CI time limit, ends it like Ctrl-C, so that
+this still runs), and at its start the sandboxes an earlier, killed session left.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
+import warnings
 
 import pytest
 
@@ -34,6 +39,54 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "cluster" in item.keywords and missing:
             item.add_marker(pytest.mark.skip(reason=f"cluster tier: {missing}"))
+
+
+TEST_SANDBOX = re.compile(r"^(?:[tm]\d{7}|c\d{4}ref|setup\d+)$")
+"""Names the tests give their sandboxes (make_sandbox, module_sandbox, chaos's reference,
+test_setup's boxes); a user's sandbox is never named so by the tests' own hands."""
+_UP_AT_START = pytest.StashKey[set]()
+
+
+def _sandboxes_up() -> set[str]:
+    """Every sandbox with a state dir or a namespace on this machine (tf-NAME-N)."""
+    from trainfleet.sandbox import netns, state
+
+    root = state.state_root()
+    names = {p.name for p in root.iterdir() if p.is_dir()} if root.is_dir() else set()
+    return names | {ns[3:].rsplit("-", 1)[0] for ns in netns.netns_list() if ns.startswith("tf-")}
+
+
+def _interrupted(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """A session with cluster tests first takes down what a killed session left."""
+    if _cluster_tier_missing() or not any("cluster" in i.keywords for i in session.items):
+        return
+    from trainfleet import sandbox
+
+    left = sorted(name for name in _sandboxes_up() if TEST_SANDBOX.match(name))
+    for name in left:
+        sandbox.down(name)
+    if left:
+        warnings.warn(f"an earlier test session left sandboxes, now down: {left}", stacklevel=1)
+    session.config.stash[_UP_AT_START] = _sandboxes_up()
+    signal.signal(signal.SIGTERM, _interrupted)  # so that pytest_sessionfinish runs
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Down every sandbox this session brought up and left, failed tests' included."""
+    before = session.config.stash.get(_UP_AT_START, None)
+    if before is None:
+        return
+    from trainfleet import sandbox
+
+    left = sorted(_sandboxes_up() - before)
+    for name in left:
+        sandbox.down(name)
+    if left:
+        print(f"\ntests left sandboxes up; now down: {left}", file=sys.stderr)
 
 
 JIT_OPS = {"deepspeed_shm_comm": "ShareMemCommBuilder", "fused_adam": "FusedAdamBuilder"}
