@@ -146,3 +146,27 @@ def test_heartbeats_carry_the_mark_the_launcher_reads():
     from trainfleet.node import shim
 
     assert heartbeat.MARK == shim.MARK  # the shim runs without trainfleet, so it has its own
+
+
+def test_a_launch_gives_the_callers_signal_handlers_back(tmp_path):
+    """asyncio's removal of its handlers leaves the defaults; a program (or the test session,
+    which turns SIGTERM into an interrupt so that its sandboxes come down) keeps its own."""
+    import io
+    import signal
+
+    from trainfleet.cluster import load_cluster
+    from trainfleet.launch import LaunchOptions, new_run_id, prepare
+    from trainfleet.launch.supervisor import supervise
+
+    def mine(signum, frame):
+        pass
+
+    before = signal.signal(signal.SIGTERM, mine)
+    try:
+        options = LaunchOptions(command=("-c", "pass"), run_id=new_run_id())
+        plan, _ = prepare(load_cluster(), options, run_dir=tmp_path)
+        supervise(plan, [], run_dir=tmp_path, out=io.StringIO())
+        assert signal.getsignal(signal.SIGTERM) is mine
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGTERM, before)

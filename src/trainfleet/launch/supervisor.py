@@ -354,7 +354,10 @@ async def _supervise(
     run = _Run(plan, run_dir, out)
     run.output.progress.restarts = list(restarts or [])
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    # The caller's own handlers come back afterwards: asyncio's removal would leave the
+    # defaults (a program or test harness that runs a launch keeps its SIGTERM handling).
+    callers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig in callers:
         loop.add_signal_handler(sig, run.interrupted.set)
     diagnosis = None
     try:
@@ -368,8 +371,10 @@ async def _supervise(
     finally:
         await run.stop()
         run.write_status(force=True)
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig, handler in callers.items():
             loop.remove_signal_handler(sig)
+            if handler is not None:  # None: not set from Python
+                signal.signal(sig, handler)
         run.output.close()
     result = run.result()
     result.restarts = run.output.progress.restarts
