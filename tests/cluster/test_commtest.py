@@ -31,13 +31,14 @@ def _commtest(cluster_file, tmp_path, capsys, *extra):
         + SMALL
         + list(extra)
     )
-    return code, json.loads(capsys.readouterr().out)
+    out, err = capsys.readouterr()
+    return code, json.loads(out), err
 
 
 def test_clean_cluster_every_op_correct_no_slow_link_and_a_plot(make_sandbox, tmp_path, capsys):
     box = make_sandbox(nodes=3, ifnames=["ens14f0", "ens14f1", "ens14f2"], slots=2)
     plot = tmp_path / "busbw.png"
-    code, report = _commtest(box.cluster_file, tmp_path, capsys, "--plot", str(plot))
+    code, report, err = _commtest(box.cluster_file, tmp_path, capsys, "--plot", str(plot))
     assert report["world_size"] == 6 and report["backend"] == "gloo"
     ops = {r["op"] for r in report["results"]}
     assert ops == {
@@ -51,7 +52,7 @@ def test_clean_cluster_every_op_correct_no_slow_link_and_a_plot(make_sandbox, tm
     assert all(r["wrong"] == 0 and r["busbw"] > 0 for r in report["results"])
     # Every ordered pair of nodes, measured both ways, by send/recv and raw TCP.
     assert len(report["pairs"]["sendrecv"]) == 6 and len(report["pairs"]["tcp"]) == 6
-    assert report["findings"] == []
+    assert report["findings"] == [] and "slow-link" not in err
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # A verdict was drawn against measured links (not the no-data fallback), results right.
     assert report["verdict"].startswith(("PASS", "SHORTFALL")), report["verdict"]
@@ -80,11 +81,14 @@ def test_a_shaped_link_is_named_and_the_sizes_it_cannot_carry_in_the_budget_are_
     started = time.monotonic()
     sweep = ["--ops", "all_reduce,all_gather", "--min-bytes", "1M", "--max-bytes", "16M"]
     sweep += ["--factor", "4", "--time-budget", "15"]
-    code, report = _commtest(box.cluster_file, tmp_path, capsys, *sweep)
+    code, report, err = _commtest(box.cluster_file, tmp_path, capsys, *sweep)
     slow = [f for f in report["findings"] if f["id"] == "slow-link"]
     assert [f["nodes"] for f in slow] == [["gpu-node-3"]], report["findings"]
     assert slow[0]["evidence"] and slow[0]["fix"]
     assert report["complete"] and report["pair_rounds"] == [3, 3]
+    # Named while the job ran, before the sweep's first row.
+    live = err.index("commtest: slow-link [gpu-node-3]")
+    assert live < err.index("commtest: all_reduce "), err
     assert {s["op"] for s in report["skipped"]} == {"all_reduce", "all_gather"}
     assert all(s["bytes"] <= 16 << 20 for s in report["skipped"])
     # Within the budget, give or take the last size it chose to run.

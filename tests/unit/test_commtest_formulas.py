@@ -257,3 +257,21 @@ def test_a_run_stopped_before_any_record_still_gives_a_report():
     assert data["results"] == [] and data["findings"] == [] and not data["passed"]
     assert data["verdict"].startswith("INCOMPLETE (the commtest job did not finish: joining)")
     assert "INCOMPLETE" in render(build_report(empty, stopped="interrupted"))
+
+
+def test_one_slow_pair_is_named_only_when_both_measures_agree():
+    from trainfleet.commtest import pair_findings
+
+    nodes = ["gpu-node-1", "gpu-node-2", "gpu-node-3", "gpu-node-4"]
+    even = {f"{a}>{b}": 1.3e9 for a in nodes for b in nodes if a != b}
+    stalled = {**even, "gpu-node-3>gpu-node-2": 0.31e9}  # the clean sandbox's one stall
+    assert pair_findings({"sendrecv": stalled, "tcp": even}) == []
+    slow_path = {**even, "gpu-node-3>gpu-node-2": 0.05e9}
+    found = pair_findings({"sendrecv": stalled, "tcp": slow_path})
+    assert [f.nodes for f in found] == [("gpu-node-2", "gpu-node-3")]
+    assert found[0].evidence[0].startswith("send/recv gpu-node-3 -> gpu-node-2")
+    # Without a TCP measure of the pair, send/recv alone still names it.
+    assert [f.nodes for f in pair_findings({"sendrecv": stalled})] == [("gpu-node-2", "gpu-node-3")]
+    # A node all of whose pairs are slow needs no second opinion.
+    node3 = {k: (0.006e9 if "gpu-node-3" in k else v) for k, v in even.items()}
+    assert [f.nodes for f in pair_findings({"sendrecv": node3, "tcp": even})] == [("gpu-node-3",)]

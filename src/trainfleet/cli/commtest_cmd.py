@@ -80,10 +80,6 @@ def run(args: argparse.Namespace) -> int:
         pair_bytes=parse_size(args.pair_bytes),
     )
     try:
-        if args.time_budget < 0:
-            raise TrainfleetError(
-                f"--time-budget {args.time_budget:g} is negative", "give seconds, or 0 for no bound"
-            )
         report = run_commtest(
             cluster_from_args(args),
             options,

@@ -106,18 +106,28 @@ def _directed(rates: dict[str, float]) -> dict[tuple[str, str], float]:
     return {tuple(key.split(">", 1)): rate for key, rate in rates.items()}  # type: ignore[misc]
 
 
+def _parse_record(line: str) -> dict | None:
+    """One of rank 0's records from a line of its output; None when the line has none or is
+    torn (an interrupt while it was written)."""
+    if formulas.RECORD_MARK not in line:
+        return None
+    try:
+        return json.loads(line.split(formulas.RECORD_MARK, 1)[1])
+    except json.JSONDecodeError:
+        return None
+
+
+def _add_pairs(pairs: dict[str, dict[str, float]], record: dict) -> None:
+    for what in ("sendrecv", "tcp"):
+        pairs.setdefault(what, {}).update(record.get(what, {}))
+
+
 def summary_from_records(text: str, rounds: int) -> dict | None:
     """What rank 0 recorded (its log's RECORD_MARK lines), as one summary; None before its
     first record. `rounds`: the pair rounds scheduled. A torn last line (an interrupt while
     it was written) is left out."""
     summary: dict | None = None
-    for line in text.splitlines():
-        if formulas.RECORD_MARK not in line:
-            continue
-        try:
-            record = json.loads(line.split(formulas.RECORD_MARK, 1)[1])
-        except json.JSONDecodeError:
-            continue
+    for record in filter(None, map(_parse_record, text.splitlines())):
         kind = record.pop("kind", None)
         if kind == "start":
             summary = {**record, "results": [], "pairs": {"sendrecv": {}, "tcp": {}}}
@@ -128,8 +138,7 @@ def summary_from_records(text: str, rounds: int) -> dict | None:
             summary["results"].append(record)
         elif kind == "pairs":
             summary["pair_rounds"] = record["round"]
-            for what in ("sendrecv", "tcp"):
-                summary["pairs"][what].update(record[what])
+            _add_pairs(summary["pairs"], record)
         elif kind == "skipped":
             summary["skipped"].append(record)
         elif kind == "end":
@@ -138,11 +147,27 @@ def summary_from_records(text: str, rounds: int) -> dict | None:
 
 
 def pair_findings(pairs: dict[str, dict[str, float]]) -> list[Finding]:
-    """`slow-link` from the pair rounds: send/recv first, raw TCP where it names more."""
-    findings = formulas.slow_findings(_directed(pairs.get("sendrecv", {})), "send/recv")
-    tcp = formulas.slow_findings(_directed(pairs.get("tcp", {})), "raw TCP")
+    """`slow-link` from the pair rounds, send/recv's first, raw TCP's where it names more. A
+    node all of whose pairs are slow is named by either measure; a single slow pair only when
+    the other measure, where it measured that pair, agrees: one stall of a busy machine slows
+    one measure of one pair (seen on the clean sandbox: one send/recv pair at 314 MB/s against
+    1362), a bad path slows both."""
+    sendrecv = _directed(pairs.get("sendrecv", {}))
+    tcp = _directed(pairs.get("tcp", {}))
+    by_sendrecv = formulas.slow_findings(sendrecv, "send/recv")
+    by_tcp = formulas.slow_findings(tcp, "raw TCP")
+
+    def confirmed(finding: Finding, other: list[Finding], other_rates: dict) -> bool:
+        a, *b = finding.nodes
+        if not b or not ({(a, *b), (*b, a)} & set(other_rates)):
+            return True
+        return any(set(f.nodes) <= set(finding.nodes) for f in other)
+
+    findings = [f for f in by_sendrecv if confirmed(f, by_tcp, tcp)]
     covered = {n for f in findings for n in f.nodes}
-    return findings + [f for f in tcp if not set(f.nodes) <= covered]
+    return findings + [
+        f for f in by_tcp if confirmed(f, by_sendrecv, sendrecv) and not set(f.nodes) <= covered
+    ]
 
 
 def build_report(
@@ -209,18 +234,11 @@ class _Progress:
     def write(self, text: str) -> None:
         if "] commtest: " in text:
             self.stream.write(text.split("] ", 1)[1])
-        elif "] " + formulas.RECORD_MARK in text:
-            self._pairs_record(text.split(formulas.RECORD_MARK, 1)[1])
+        elif (record := _parse_record(text)) and record.get("kind") == "pairs":
+            self._pairs_record(record)
 
-    def _pairs_record(self, line: str) -> None:
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            return
-        if record.get("kind") != "pairs":
-            return
-        for what in self.pairs:
-            self.pairs[what].update(record.get(what, {}))
+    def _pairs_record(self, record: dict) -> None:
+        _add_pairs(self.pairs, record)
         for finding in pair_findings(self.pairs):
             if finding.nodes not in self.named:
                 self.named.add(finding.nodes)

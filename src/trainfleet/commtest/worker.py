@@ -60,11 +60,16 @@ class Clock:
         self.start = time.monotonic()
 
     def now(self, device: torch.device) -> float:
-        elapsed = torch.tensor([time.monotonic() - self.start], dtype=torch.float64)
-        if device.type == "cuda":
-            elapsed = elapsed.to(device)
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-        return float(elapsed.item())
+        return _slowest(time.monotonic() - self.start, device)
+
+
+def _slowest(seconds: float, device: torch.device) -> float:
+    """The largest of every rank's `seconds` (all_reduce MAX)."""
+    value = torch.tensor([seconds], dtype=torch.float64)
+    if device.type == "cuda":
+        value = value.to(device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return float(value.item())
 
 
 def _sync(device: torch.device) -> None:
@@ -160,11 +165,7 @@ def probe(op: Op, device: torch.device) -> float:
     start = time.perf_counter()
     op.run()
     _sync(device)
-    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-    if device.type == "cuda":
-        elapsed = elapsed.to(device)
-    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-    return float(elapsed.item())
+    return _slowest(time.perf_counter() - start, device)
 
 
 def time_op(op: Op, iters: int, warmup: int, device: torch.device) -> tuple[float, int]:
