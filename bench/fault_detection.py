@@ -14,6 +14,10 @@ Ctrl-C), and three times are taken from the injection, capped at --cap seconds:
   ...", "no rank advanced a step for ...", "interrupted"). The deepspeed runner: the first line
   that looks like an error (Traceback, an exit code, "Error", "killed"); the line is printed so
   you can judge it.
+- collective: the runner's first line that names the collective the job is stuck in.
+  trainfleet: its hang report's `stuck in OP #SEQ ...` (from the ranks' Flight Recorder); the
+  deepspeed runner: any line naming a collective op (all_reduce, all_gather, reduce_scatter,
+  broadcast, barrier);
 - exited: the runner's command returned;
 - clean: no job process (rank, torchrun, DeepSpeed's launch.py, bootstrap) is left on any node
   (a leftover holds GPUs and port 29500: seed 000); polled every 0.5 s up to the cap, and the
@@ -55,6 +59,8 @@ JOB = dict(max_steps=24, save_steps=8, zero=2, precision="fp32", seq_len=64,
            micro_batch_size=4, learning_rate=1e-3, seed=7)  # fmt: skip
 TRAINFLEET_REPORT = r"gpu-node-\d failed|no rank advanced a step for|interrupted"
 DEEPSPEED_REPORT = r"Traceback|[Ee]rror|exit ?code|return code|[Kk]illed|[Ii]nterrupt"
+TRAINFLEET_COLLECTIVE = r"stuck in \w+ #\d+"
+DEEPSPEED_COLLECTIVE = r"(?i)all_?reduce|all_?gather|reduce_?scatter|broadcast|barrier"
 JOB_PROCESS = ("trainfleet.train.worker", "trainfleet-bootstrap", "deepspeed.launcher.launch")
 SHELL = "/bin/sh"  # root's shell on the nodes: not this machine's ~/.bashrc (see test_chaos)
 
@@ -223,11 +229,16 @@ def run_one(fault: str, runner: str, assets: dict, cap: float, hang_timeout: flo
         clean_at = time.time()
         left = len(job_processes(box))
         reported = job.first(pattern, injected)
+        collective = job.first(
+            TRAINFLEET_COLLECTIVE if runner == "trainfleet" else DEEPSPEED_COLLECTIVE, injected
+        )
         row = {
             "fault": fault,
             "runner": runner,
             "reported_s": _within(reported and reported[0], injected, cap),
             "reported_line": reported[1][:160] if reported else None,
+            "collective_s": _within(collective and collective[0], injected, cap),
+            "collective_line": collective[1][:240] if collective else None,
             "exited_s": _within(job.exited_at, injected, cap),
             "exit_code": job.proc.returncode,
             "clean_s": None if left else _within(clean_at, injected, cap + 1),
@@ -277,7 +288,8 @@ def main() -> None:
         f"2 sandbox nodes on 2 shared cores; cap {args.cap:.0f} s; trainfleet --hang-timeout"
         f" {args.hang_timeout:g} s; seconds from the fault, - where not within the cap\n"
     )
-    head = f"{'fault':<12} {'runner':<10} {'reported':>9} {'exited':>9} {'clean':>13}  line"
+    head = (f"{'fault':<12} {'runner':<10} {'reported':>9} {'collective':>10} {'exited':>9}"
+            f" {'clean':>13}  line")  # fmt: skip
     print(head + "\n" + "-" * len(head), flush=True)
     rows = []
     for fault in faults:
@@ -289,9 +301,12 @@ def main() -> None:
             )
             print(
                 f"{fault:<12} {runner:<10} {_cell(row['reported_s']):>9}"
-                f" {_cell(row['exited_s']):>9} {clean:>13}  {row['reported_line'] or '-'}",
+                f" {_cell(row['collective_s']):>10} {_cell(row['exited_s']):>9} {clean:>13}"
+                f"  {row['reported_line'] or '-'}",
                 flush=True,
             )
+            if row["collective_line"]:
+                print(f"{'':<24}collective: {row['collective_line']}", flush=True)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")
 

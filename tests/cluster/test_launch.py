@@ -270,6 +270,50 @@ def test_a_stopped_rank_is_found_by_the_hang_watchdog_with_every_stack(
     assert "rank-hung: no rank advanced past step 19" in out
     stacks = sorted(p.name for p in (run_dir / "stacks").iterdir())
     assert stacks == ["gpu-node-1.rank0.txt", "gpu-node-2.rank1.txt"]
+    # The Flight Recorder: rank 0 is in the 20th all_reduce; the stopped rank cannot answer.
+    stuck = ("stuck in all_reduce #20 of process group 0 (default_pg), input sizes [[1]] Float:"
+             " entered by rank 0 (gpu-node-1); no record from rank 1 (gpu-node-2)")  # fmt: skip
+    assert stuck in out, out
+    [collective] = status["hang"]["collectives"]
+    assert (collective["entered"], collective["no_record"]) == ([0], [1]), collective
+    assert sorted(p.name for p in (run_dir / "flight").iterdir()) == ["gpu-node-1.rank0.json"]
+
+
+def test_a_startup_longer_than_the_hang_timeout_is_judged_by_its_own_bound(make_sandbox, tmp_path):
+    """Each rank tokenizes for 6 s before step 1, beating its progress: under --hang-timeout 3
+    that is no hang (startup has its own bound), and the run finishes. Then rank 1's
+    tokenization stops advancing: with --startup-timeout 4 the run is HUNG in its startup, and
+    the Flight Recorder names the barrier rank 0 waits in and rank 1 as never having entered
+    it (alive, so its record answers)."""
+    box = make_sandbox(nodes=2, slots=1)
+    run_dir = tmp_path / "run"
+    proc = _launch(box.cluster_file, run_dir, "--hang-timeout", "3", "--startup-timeout", "30",
+                   script="slow_start.py", script_args=["6"])  # fmt: skip
+    code, out = _finish(proc, timeout=120)
+    assert code == 0, out
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["state"] == "done" and status["training_started_at"] is not None
+    assert status["training_started_at"] - status["started_at"] > 6, status
+    assert "no rank" not in out and "tokenized" in out
+
+    run_dir = tmp_path / "stall"
+    proc = _launch(box.cluster_file, run_dir, "--hang-timeout", "3", "--startup-timeout", "4",
+                   script="slow_start.py", script_args=["2", "stall"])  # fmt: skip
+    code, out = _finish(proc, timeout=120)
+    assert code == 1, out
+    assert "no rank made startup progress for 4 s (startup timeout 4 s)" in out, out
+    assert "rank-hung: no startup progress for 4 s, before the first step" in out, out
+    stuck = ("stuck in barrier #1 of process group 0 (default_pg), input sizes []: entered by"
+             " rank 0 (gpu-node-1); never entered by rank 1 (gpu-node-2)")  # fmt: skip
+    assert stuck in out, out
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["hang"]["phase"] == "startup" and status["training_started_at"] is None
+    behind = {b["rank"]: b["where"] for b in status["hang"]["behind"]}
+    assert "barrier" in behind[0] and "slow_start.py" in behind[1], behind
+    records = sorted(p.name for p in (run_dir / "flight").iterdir())
+    assert records == ["gpu-node-1.rank0.json", "gpu-node-2.rank1.json"]
+    code, view = _status_json(run_dir)
+    assert view["hang"]["collectives"][0]["never_entered"] == [1], view
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

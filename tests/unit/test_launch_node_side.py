@@ -411,3 +411,74 @@ def test_the_hang_watchdogs_stack_dump_is_taken_by_the_shipped_program_on_each_n
     finally:
         stopped.kill()
         stopped.wait()
+
+
+def test_a_ranks_flight_record_comes_back_with_its_stack_dump(tmp_path):
+    """A one-rank gloo job run by the shim (from a private directory, as a launch writes it)
+    does three all_reduces and waits in Python: the node's dump asks its shim thread for the
+    Flight Recorder summary, which arrives as the rank's `@@flight` line with the three
+    collectives done and none pending; the launcher's side reads it as data."""
+    from trainfleet.cluster import load_cluster
+    from trainfleet.launch import collectives, dump_stacks, stacks
+
+    private = tmp_path / "run"
+    private.mkdir(mode=0o700)
+    shim_copy = private / "shim.py"
+    shim_copy.write_text(SHIM.read_text())
+    script = tmp_path / "script.py"
+    script.write_text(
+        "import time, torch, torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\n"
+        "for _ in range(3):\n"
+        "    dist.all_reduce(torch.ones(7))\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
+           "TRAINFLEET_RUN_ID": "r9", "TORCH_FR_BUFFER_SIZE": "100"}  # fmt: skip
+    argv = [sys.executable, "-u", str(shim_copy), str(script)]
+    rank = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True)  # fmt: skip
+    try:
+        assert rank.stdout.readline() == "ready\n"
+        cluster = load_cluster()
+        host = cluster.nodes[0].host
+        dump = dump_stacks(cluster, {host: {0: rank.pid}})[host]
+        record, rest = stacks.take_flight_record(stacks.split_dump(dump)[0])
+        assert record is not None, dump
+        assert "@@flight" not in rest and rest.startswith("State:")
+        assert record["pg_status"]["0"]["last_completed_collective"] == "3", record
+        assert [e["profiling_name"] for e in record["entries"]] == ["gloo:all_reduce"] * 3
+        assert record["entries"][-1]["input_sizes"] == [[7]]
+        assert collectives.stuck_collectives({0: record}, world_size=1) == []
+        said = collectives.none_stuck({0: record}, {0: host})
+        assert said.startswith("no collective pending on the 1 rank(s)"), said
+    finally:
+        rank.kill()
+        rank.wait()
+
+
+def test_a_flight_record_is_asked_for_only_in_a_private_directory_of_this_user(tmp_path):
+    """The pid comes from a rank's heartbeat: a process whose shim.py lies in a directory
+    others can write gets no request written there."""
+    from trainfleet.node import procs
+
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    (shared / "shim.py").write_text("import time; time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, str(shared / "shim.py")])
+    try:
+        deadline = time.monotonic() + 10
+        while str(shared / "shim.py") not in cmdlines().get(proc.pid, ""):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert procs.shim_dir(proc.pid) is None
+        assert procs.flight_records({"0": proc.pid}) == {}
+        assert not (shared / "flight").exists()
+        shared.chmod(0o700)
+        assert procs.shim_dir(proc.pid) == str(shared)
+    finally:
+        proc.kill()
+        proc.wait()

@@ -54,6 +54,7 @@ gpu-node-1: node_rank 0, ranks 0-1, cwd /work/project
     MLFLOW_TRACKING_PASSWORD='***'  # launch shell
     NCCL_SOCKET_IFNAME=ens14f0  # interface to the master
     PATH=/opt/conda/envs/train/bin:/usr/bin  # launch shell
+    TORCH_FR_BUFFER_SIZE=2000  # trainfleet's default
     TORCH_HOME=/data/torch  # launch shell
     TRAINFLEET_LOCAL_RANK_ARG=auto
     TRAINFLEET_NODE=gpu-node-1
@@ -71,6 +72,7 @@ gpu-node-2: node_rank 1, ranks 2-3, cwd /work/project
     NCCL_IB_HCA=mlx5  # cluster.yaml (gpu-node-2)
     NCCL_SOCKET_IFNAME=ens14f1  # interface to the master
     PATH=/opt/conda/envs/train/bin:/usr/bin  # launch shell
+    TORCH_FR_BUFFER_SIZE=2000  # trainfleet's default
     TORCH_HOME=/data/torch  # launch shell
     TRAINFLEET_LOCAL_RANK_ARG=auto
     TRAINFLEET_NODE=gpu-node-2

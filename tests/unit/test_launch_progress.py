@@ -170,3 +170,52 @@ def test_a_launch_gives_the_callers_signal_handlers_back(tmp_path):
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     finally:
         signal.signal(signal.SIGTERM, before)
+
+
+def test_startup_lasts_until_the_first_plain_step_beat_and_gives_no_step_time():
+    """Beats with a phase before any step (loading, tokenizing) are the startup; the first step
+    beat after them ends it, and the time from a startup beat to that step is not a step time."""
+    p = _progress()
+    assert not p.in_startup and p.stuck_for(now=5.0) is None  # nothing beaten: nothing judged
+    p.beat(0, {"step": 0, "phase": "tokenizing", "phase_progress": 10}, now=10.0)
+    p.beat(1, {"step": 0, "phase": "loading"}, now=11.0)
+    assert p.in_startup and p.stuck_for(now=20.0) == 9.0
+    p.beat(0, {"step": 0, "phase": "tokenizing", "phase_progress": 500}, now=100.0)
+    assert p.stuck_for(now=100.0) == 0.0
+    p.beat(0, {"step": 1}, now=400.0)
+    p.beat(0, {"step": 2}, now=402.0)
+    status = p.to_json(state="running", now=403.0)
+    assert not p.in_startup and status["training_started_at"] == 400.0
+    assert status["ranks"][0]["step_times_s"] == [2.0]
+
+
+def test_the_watchdog_judges_startup_by_the_startup_timeout_and_training_by_the_hang_timeout(
+    tmp_path,
+):
+    """A tokenization silent for 50 s is not a hang under --hang-timeout 30 while startup has
+    its own bound (120 s); past that bound it is, and says so; after the first step the hang
+    timeout is the bound again."""
+    from trainfleet.cluster import load_cluster
+    from trainfleet.launch import LaunchOptions, new_run_id, prepare
+    from trainfleet.launch.supervisor import RunState, _Run
+
+    options = LaunchOptions(command=("-c", "pass"), run_id=new_run_id(), hang_timeout=30.0,
+                            startup_timeout=120.0)  # fmt: skip
+    plan, _ = prepare(load_cluster(), options, run_dir=tmp_path)
+    out = io.StringIO()
+    run = _Run(plan, tmp_path, out)
+    progress = run.output.progress
+    now = time.time()
+    progress.beat(0, {"step": 0, "phase": "tokenizing", "phase_progress": 1}, now=now - 50)
+    assert progress.in_startup and not run._hung()
+    progress.beat(0, {"step": 0, "phase": "tokenizing", "phase_progress": 1}, now=now - 10)
+    progress.last_advance = now - 121  # no startup progress for longer than its bound
+    assert run._hung() and run.state is RunState.HUNG
+    assert progress.hang["phase"] == "startup"
+    assert "no rank made startup progress for 121 s (startup timeout 120 s)" in out.getvalue()
+
+    run = _Run(plan, tmp_path, io.StringIO())
+    progress = run.output.progress
+    progress.beat(0, {"step": 0, "phase": "loading"}, now=now - 100)
+    progress.beat(0, {"step": 1}, now=now - 31)
+    assert run._hung() and progress.hang["phase"] == "training"

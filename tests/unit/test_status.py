@@ -146,6 +146,9 @@ def test_a_hung_run_shows_the_watchdog_finding_and_its_restarts():
     text = render(view.to_json())
     assert "hang: no rank advanced for 5m00s (hang timeout 5m00s), detected 1m40s ago" in text
     assert "behind: rank 2 (gpu-node-2): stopped (SIGSTOP or a debugger)" in text
+    assert ("stuck in all_reduce #4977 of process group 0 (default_pg), input sizes [[262144]]"
+            " BFloat16: entered by ranks 0 (gpu-node-1), 1 (gpu-node-1), 3 (gpu-node-2); no record"
+            " from rank 2 (gpu-node-2)") in text  # fmt: skip
     assert "restarts 1 (last: attempt 1, 16m20s ago: gpu-node-2 rank 3: RuntimeError" in text
 
 

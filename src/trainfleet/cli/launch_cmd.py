@@ -49,7 +49,10 @@ real error across all nodes is printed with its node and rank, and trainfleet ex
 that rank's exit code. When not every rank has joined the rendezvous within --join-timeout,
 the run is stopped and doctor's checks say why. Ctrl-C stops everything the same way.
 With --hang-timeout, a run whose ranks send heartbeats (trainfleet.heartbeat.beat) and stop
-advancing is stopped after every rank's stack is dumped; with --max-restarts N, a run that
+advancing is stopped after every rank's stack is dumped and the collective it is stuck in is
+read from every rank's Flight Recorder (which ranks entered it, which never did); beats with a
+phase before the first step (loading, tokenizing) are judged by --startup-timeout instead.
+With --max-restarts N, a run that
 failed, hung or stalled is started again after the quick preflight, TRAINFLEET_RESTART=1, 2...
 telling the script. `trainfleet status` shows the run's progress from another terminal."""
 
@@ -100,6 +103,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="stop the run when no rank advanced a step for S seconds (heartbeats from "
         "trainfleet.heartbeat.beat; `trainfleet train` sends them), after dumping every "
         "rank's stack into RUN_DIR/stacks (py-spy); default: off",
+    )
+    parser.add_argument(
+        "--startup-timeout",
+        type=float,
+        default=1800.0,
+        metavar="S",
+        help="before the first step, while the ranks beat startup phases (loading, "
+        "tokenizing: trainfleet.heartbeat.beating), stop when none made progress for S seconds;"
+        " the hang timeout starts at the first step (default 1800; 0: off)",
     )
     parser.add_argument(
         "--max-restarts",
@@ -171,6 +183,7 @@ def _render_findings(findings) -> list[str]:
 
 def render_outcome(result, plan) -> str:
     from trainfleet.launch import RunState
+    from trainfleet.launch.collectives import describe
     from trainfleet.launch.rootcause import known_fix
 
     logs = result.run_dir / "logs"
@@ -191,11 +204,19 @@ def render_outcome(result, plan) -> str:
         lines.append(f"root cause: {result.first_failure} ended first (no error text seen)")
     if result.state is RunState.HUNG and result.hang:
         hang = result.hang
-        lines.append(
-            f"{FindingId.RANK_HUNG}: no rank advanced past step {hang.get('step')} for"
-            f" {hang.get('stuck_s', 0):.0f} s; behind:"
-        )
+        if hang.get("phase") == "startup":
+            lines.append(
+                f"{FindingId.RANK_HUNG}: no startup progress for {hang.get('stuck_s', 0):.0f} s,"
+                " before the first step; behind:"
+            )
+        else:
+            lines.append(
+                f"{FindingId.RANK_HUNG}: no rank advanced past step {hang.get('step')} for"
+                f" {hang.get('stuck_s', 0):.0f} s; behind:"
+            )
         lines += [f"  {b['node']} rank {b['rank']}: {b['where']}" for b in hang.get("behind", [])]
+        nodes = {r: host for host, ranks in plan.rank_ranges().items() for r in ranks}
+        lines += [f"  stuck in {describe(c, nodes)}" for c in hang.get("collectives") or []]
         lines.append(f"  every rank's stack: {hang.get('stacks')}")
     if result.state is RunState.STALLED:
         missing = [
@@ -234,6 +255,7 @@ def run(args: argparse.Namespace) -> int:
         run_id=new_run_id(),
         join_timeout=args.join_timeout,
         hang_timeout=args.hang_timeout,
+        startup_timeout=args.startup_timeout or None,
     )
     cluster = cluster_from_args(args)
     run_dir = Path(args.run_dir or f"trainfleet-runs/{options.run_id}")

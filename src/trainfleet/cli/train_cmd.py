@@ -113,6 +113,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         " seconds, after dumping every rank's stack into RUN_DIR/stacks (default 300; 0: off)",
     )
     parser.add_argument(
+        "--startup-timeout",
+        type=float,
+        default=1800.0,
+        metavar="S",
+        help="before the first step, while the ranks beat startup phases (loading, "
+        "tokenizing: trainfleet.heartbeat.beating), stop when none made progress for S seconds;"
+        " the hang timeout starts at the first step (default 1800; 0: off)",
+    )
+    parser.add_argument(
         "--json",
         action="store_true",
         help="print the outcome as JSON on stdout at the end (the ranks' lines go to stderr)",
@@ -188,6 +197,7 @@ def run(args: argparse.Namespace) -> int:
             preflight=args.preflight,
             join_timeout=args.join_timeout,
             hang_timeout=args.hang_timeout or None,
+            startup_timeout=args.startup_timeout or None,
             max_restarts=args.max_restarts,
             # With --json, stdout holds only the JSON outcome.
             out=sys.stderr if args.json else None,

@@ -17,6 +17,10 @@ Sources, lowest precedence first (a later one overrides an earlier one, per vari
 4. what trainfleet knows of the node: the interface that reaches the master, DS_ACCELERATOR=cpu
    without GPUs, CUDA_VISIBLE_DEVICES for an include like `host:0,2`;
 5. trainfleet's own TRAINFLEET_* variables.
+
+Below all of them, trainfleet's defaults that any source may override: FLIGHT_RECORDER, the
+size of PyTorch's Flight Recorder buffer (what the hang report reads the stuck collective
+from; `TORCH_FR_BUFFER_SIZE=0` turns it off).
 """
 
 from __future__ import annotations
@@ -45,6 +49,13 @@ INTERFACE = "interface to the master"
 NO_GPU = "no GPU on the node"
 SLOT_LIST = "the node's slot list"
 TRAINFLEET = "trainfleet"
+DEFAULTS = "trainfleet's default"
+
+FLIGHT_RECORDER = {"TORCH_FR_BUFFER_SIZE": "2000"}
+"""Collectives each rank's Flight Recorder keeps (a ring: the last 2000): torch's name for every
+backend since 2.7 (gloo's records start there). NCCL's older name, TORCH_NCCL_TRACE_BUFFER_SIZE,
+is not set: torch 2.7+ warns on every rank that it is deprecated; a user of an older torch
+sets it in cluster.yaml's env."""
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 

@@ -81,6 +81,7 @@ class MergedOutput:
             run_id=plan.options.run_id, ranks=self.ranges, started_at=time.time()
         )
         self.progress.hang_timeout_s = plan.options.hang_timeout
+        self.progress.startup_timeout_s = plan.options.startup_timeout
         self.quiet = False
         """Once the launcher stops the run: lines go to the logs only (torchrun's shutdown
         tracebacks would bury the cause)."""

@@ -78,6 +78,10 @@ class LaunchOptions:
     hang_timeout: float | None = None
     """Seconds without any rank advancing a step (heartbeats) before the run is HUNG; None:
     no hang watchdog (a script that sends no heartbeats is never judged)."""
+    startup_timeout: float | None = 1800.0
+    """Seconds without startup progress (a new phase, or a phase's progress growing, in the
+    beats before the first step: loading, tokenizing) before the run is HUNG in its startup;
+    None: not judged. The hang timeout starts at the first step."""
     restart: int = 0
     """How many times this run has been restarted (`--max-restarts`): TRAINFLEET_RESTART on
     every rank, so that a script knows to resume."""
@@ -211,6 +215,7 @@ def node_env(
     (a global interface variable that would not work on this node)."""
     node = cluster.node(host)
     env = EnvBuilder()
+    env.update(environment.FLIGHT_RECORDER, environment.DEFAULTS)
     for source, values in user:
         env.update(values, source)
     env.update(cluster.env, environment.CLUSTER_YAML)

@@ -10,13 +10,30 @@ written to RUN_DIR/status.json, which `trainfleet status` reads while the job ru
     >>> p.stuck_for(now=1010.0)  # since the last time any rank advanced
     3.0
 
+Startup: beats that carry a phase (`beat(0, phase="tokenizing", phase_progress=n)`) before any
+rank's first plain step beat are the run's startup; while it lasts, `in_startup` is True and the
+launcher judges it by its own bound (`--startup-timeout`), not the hang timeout: a long
+tokenization that keeps advancing is neither a hang nor a reason to raise the training one.
+
+    >>> s = Progress(run_id="r2", ranks={"n": range(0, 1)}, started_at=0.0)
+    >>> s.beat(0, {"step": 0, "phase": "tokenizing", "phase_progress": 100}, now=10.0)
+    >>> s.in_startup, s.stuck_for(now=40.0)
+    (True, 30.0)
+    >>> s.beat(0, {"step": 1}, now=50.0)
+    >>> s.in_startup, s.training_started_at
+    (False, 50.0)
+
 status.json (version 1): `run_id`, `state` (the supervisor's RunState value, or `hung`),
 `started_at`, `updated_at` (Unix seconds), `world_size`, `hang_timeout_s` (null: off), `nodes`
 (node -> its ranks), `ranks` (per rank: `rank`, `node`, `step`, `total_steps`, `loss`,
 `tokens_per_s`, `memory_bytes`, `busy_s`, `pid`, `phase`, `phase_progress`, `last_beat_at`;
 `step_times_s` and `busy_times_s`: the last STEP_HISTORY seconds between a rank's successive
-steps, and its busy seconds per step), `hang` (null, or what the watchdog found: `stuck_s`,
-`detected_at`, `step`, `behind` (each `node`, `rank`, `where`), `stacks`), and `restarts`
+steps, and its busy seconds per step), `startup_timeout_s`, `training_started_at` (null while
+the run is starting up: before the first plain step beat), `hang` (null, or what the watchdog
+found: `stuck_s`, `detected_at`, `phase` (`startup` or `training`), `step`, `behind` (each
+`node`, `rank`, `where`), `stacks`, `collectives` (the stuck collective per process group, from
+the ranks' Flight Recorder: `launch/collectives.py`), `flight_records` (the ranks that gave
+one)), and `restarts`
 (each `at`, `attempt`, `after_run`, `cause`), and `launcher` (`host`, `pid`, `pid_start`: the
 process that writes the file, so that `trainfleet status` on that host can tell a launcher
 that ended at once).
@@ -58,6 +75,11 @@ class Progress:
         self.hang: dict[str, Any] | None = None
         self.restarts: list[dict[str, Any]] = []
         self.hang_timeout_s: float | None = None
+        self.startup_timeout_s: float | None = None
+        self.training_started_at: float | None = None
+        """When the first plain step beat (no phase, or `training`) came; None in startup."""
+        self.from_startup: set[int] = set()
+        """Ranks whose last step came from a startup beat."""
         pid = os.getpid()
         self.launcher = {"host": socket.gethostname(), "pid": pid, "pid_start": pid_start(pid)}
 
@@ -66,17 +88,32 @@ class Progress:
         if row is None:
             return
         step = fields["step"]
+        startup_beat = self.training_started_at is None and fields.get("phase") not in (
+            None,
+            "training",
+        )
+        if self.training_started_at is None and not startup_beat:
+            self.training_started_at = now
         if "phase" in fields and fields["phase"] != row.get("phase"):
             self.last_advance = now  # a new phase (saving, exporting) is progress too
             row.pop("phase_progress", None)  # it counts within one phase
         elif (fields.get("phase_progress") or 0) > (row.get("phase_progress") or 0):
             self.last_advance = now  # so is a long phase's advance (a save still writing)
         if row["step"] is None or step > row["step"]:
-            if row["step"] is not None and row["last_beat_at"] is not None:
+            # A step time is between two training steps, not from a startup beat to step 1.
+            if (
+                row["step"] is not None
+                and row["last_beat_at"] is not None
+                and rank not in (self.from_startup)
+            ):
                 per_step = (now - row["last_beat_at"]) / (step - row["step"])
                 self.step_times[rank].append(round(per_step, 4))
             row["step"], row["last_beat_at"] = step, now
             self.last_advance = now
+            if startup_beat:
+                self.from_startup.add(rank)
+            else:
+                self.from_startup.discard(rank)
         for name in _FIELDS:
             if name in fields:
                 row[name] = fields[name]
@@ -86,6 +123,11 @@ class Progress:
     def stuck_for(self, *, now: float) -> float | None:
         """Seconds since any rank last advanced; None before the first beat."""
         return None if self.last_advance is None else now - self.last_advance
+
+    @property
+    def in_startup(self) -> bool:
+        """Some rank has beaten, and every beat so far was a startup phase's."""
+        return self.last_advance is not None and self.training_started_at is None
 
     def behind(self) -> list[int]:
         """The ranks at the lowest step (all of them when they are level): where a hang is."""
@@ -113,6 +155,8 @@ class Progress:
             "updated_at": now,
             "world_size": len(self.rows),
             "hang_timeout_s": self.hang_timeout_s,
+            "startup_timeout_s": self.startup_timeout_s,
+            "training_started_at": self.training_started_at,
             "nodes": self.nodes,
             "ranks": ranks,
             "hang": self.hang,

@@ -14,8 +14,10 @@ is, and the dump says how to install it (`pip install py-spy`). This module read
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
+from typing import Any
 
 SAMPLE = """Process 4242: python -u shim.py -m trainfleet.train.worker
 Python v3.11.7 (/usr/bin/python3.11)
@@ -34,6 +36,29 @@ def split_dump(text: str) -> dict[int, str]:
     """A node's dump_stacks output -> each rank's part."""
     parts = _RANK_HEADER.split(text)
     return {int(parts[i]): parts[i + 2].strip() + "\n" for i in range(1, len(parts) - 2, 3)}
+
+
+_FLIGHT = re.compile(r"^@@flight (.*)\n?", re.M)
+
+
+def take_flight_record(dump: str) -> tuple[dict[str, Any] | None, str]:
+    """A rank's part of the dump -> (its Flight Recorder summary, when it wrote a readable one;
+    the rest of the part).
+
+    >>> take_flight_record('@@flight {"rank": 1}\\nState:\\tS (sleeping)\\n')
+    ({'rank': 1}, 'State:\\tS (sleeping)\\n')
+    >>> take_flight_record("@@flight {not json\\n")[0] is None
+    True
+    """
+    found = _FLIGHT.search(dump)
+    if not found:
+        return None, dump
+    rest = dump[: found.start()] + dump[found.end() :]
+    try:
+        record = json.loads(found.group(1))
+    except ValueError:
+        return None, rest
+    return (record if isinstance(record, dict) else None), rest
 
 
 def where_it_waits(dump: str) -> str:
@@ -59,3 +84,15 @@ def write_dumps(run_dir: Path, node: str, dumps: dict[int, str]) -> list[Path]:
         path.write_text(text)
         written.append(path)
     return written
+
+
+def write_flight_records(
+    run_dir: Path, rows: dict[int, dict[str, Any]], records: dict[int, dict[str, Any] | None]
+) -> None:
+    """RUN_DIR/flight/NODE.rankN.json: each rank's Flight Recorder summary, as it came."""
+    directory = run_dir / "flight"
+    for rank, record in sorted(records.items()):
+        if record is not None and rank in rows:
+            directory.mkdir(parents=True, exist_ok=True)
+            path = directory / f"{rows[rank]['node']}.rank{rank}.json"
+            path.write_text(json.dumps(record, indent=1) + "\n")

@@ -10,8 +10,10 @@ not its business (`launch/backend.py`).
 Lifecycle of a run (RunState): STARTING -> RUNNING -> (DONE | FAILED | STALLED | HUNG |
 INTERRUPTED). Heartbeats (`trainfleet.heartbeat`) are taken out of the output into
 RUN_DIR/status.json (`launch/progress.py`), rewritten every STATUS_EVERY_S; with a hang
-timeout, a run in which no rank advanced for that long is HUNG: every rank's stack is dumped
-(`launch/stacks.py`) before the stop.
+timeout, a run in which no rank advanced for that long is HUNG (before the first step, while
+the ranks beat startup phases, the startup timeout is the bound): every rank's stack is dumped
+(`launch/stacks.py`) and the collective it is stuck in read from every rank's Flight Recorder
+(`launch/collectives.py`) before the stop.
 Every exit from RUNNING other than DONE stops every node the same way: the launcher closes the
 stdin of each node's bootstrap, which SIGTERMs and then SIGKILLs every process of the job on
 that node (tracked by pid, never by name), or sends DeepSpeed's runner SIGINT; a channel that
@@ -32,7 +34,7 @@ from pathlib import Path
 from typing import IO
 
 from trainfleet.catalog import FindingId
-from trainfleet.launch import stacks
+from trainfleet.launch import collectives, stacks
 from trainfleet.launch.backend import Channel, Plan
 from trainfleet.launch.output import MergedOutput, pump
 from trainfleet.launch.rootcause import RankError
@@ -219,15 +221,24 @@ class _Run:
                     pass  # its end is seen by watch()
 
     def _hung(self) -> bool:
-        timeout = self.plan.options.hang_timeout
-        stuck = self.output.progress.stuck_for(now=time.time())
+        """No rank advanced for the bound of the run's phase: the startup timeout before the
+        first step (only startup beats so far), the hang timeout from it on."""
+        progress = self.output.progress
+        startup = progress.in_startup
+        timeout = self.plan.options.startup_timeout if startup else self.plan.options.hang_timeout
+        stuck = progress.stuck_for(now=time.time())
         if timeout is None or stuck is None or stuck < timeout:
             return False
         self.state = RunState.HUNG
-        self.output.progress.hang = {"stuck_s": round(stuck, 1), "detected_at": time.time()}
+        progress.hang = {"stuck_s": round(stuck, 1), "detected_at": time.time(),
+                         "phase": "startup" if startup else "training"}  # fmt: skip
+        if startup:
+            what = f"no rank made startup progress for {stuck:.0f} s"
+            what += f" (startup timeout {timeout:g} s)"
+        else:
+            what = f"no rank advanced a step for {stuck:.0f} s (hang timeout {timeout:g} s)"
         self.output.note(
-            f"no rank advanced a step for {stuck:.0f} s (hang timeout {timeout:g} s): dumping"
-            " every rank's stack, then stopping every rank on every node"
+            f"{what}: dumping every rank's stack, then stopping every rank on every node"
         )
         return True
 
@@ -239,10 +250,13 @@ class _Run:
             if row.get("pid"):
                 pids.setdefault(row["node"], {})[rank] = row["pid"]
         texts = await asyncio.get_running_loop().run_in_executor(None, dump, pids)
-        dumps = {}
+        dumps, records = {}, {}
         for node, text in texts.items():
-            dumps[node] = stacks.split_dump(text)
+            dumps[node] = {}
+            for rank, part in stacks.split_dump(text).items():
+                records[rank], dumps[node][rank] = stacks.take_flight_record(part)
             stacks.write_dumps(self.run_dir, node, dumps[node])
+        stacks.write_flight_records(self.run_dir, progress.rows, records)
         behind = []
         ranks_behind = progress.behind()
         for rank in ranks_behind:
@@ -251,12 +265,19 @@ class _Run:
             where = stacks.where_it_waits(text) if text else "no stack (no pid in its heartbeats)"
             behind.append({"node": node, "rank": rank, "where": where})
         lowest = progress.rows[ranks_behind[0]]["step"]
+        stuck = collectives.stuck_collectives(records, world_size=len(progress.rows))
         progress.hang = {**(progress.hang or {}), "step": lowest, "behind": behind,
-                         "stacks": str(self.run_dir / "stacks")}  # fmt: skip
+                         "stacks": str(self.run_dir / "stacks"), "collectives": stuck,
+                         "flight_records": sorted(r for r, v in records.items() if v)}  # fmt: skip
         for entry in behind:
             self.output.note(
                 f"behind at step {lowest}: {entry['node']} rank {entry['rank']}: {entry['where']}"
             )
+        nodes = {rank: row["node"] for rank, row in progress.rows.items()}
+        for found in stuck:
+            self.output.note(f"stuck in {collectives.describe(found, nodes)}")
+        if not stuck:
+            self.output.note(collectives.none_stuck(records, nodes))
 
     async def stop(self) -> None:
         """Close every bootstrap's stdin (it stops its node's job), SIGINT DeepSpeed's runner

@@ -1,5 +1,6 @@
 """A run's processes on a node: ending all of them by the run's id, and what each rank is
-doing (its kernel state and a py-spy stack dump) when the hang watchdog fires.
+doing (its kernel state, its Flight Recorder summary and a py-spy stack dump) when the hang
+watchdog fires.
 
     >>> tagged("r-1", b"PATH=/bin\\0TRAINFLEET_RUN_ID=r-1\\0")
     True
@@ -10,11 +11,15 @@ doing (its kernel state and a py-spy stack dump) when the hang watchdog fires.
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
 
 DUMP_TIMEOUT_S = 10
+FLIGHT_RECORD_WAIT_S = 2.0
+"""How long the ranks of a node get to write their Flight Recorder summaries (the shim's
+thread looks for a request every 0.5 s)."""
 
 
 def tagged(run_id, environ):
@@ -49,16 +54,75 @@ def kill_run(run_id):
             time.sleep(0.1)
 
 
+def shim_dir(pid):
+    """The directory of the rank shim that process PID runs (`python -u DIR/shim.py ...`),
+    when it is a private directory of this user's (as the launch made it), else None: a pid
+    comes from a rank's heartbeat, and nothing is written where its command line points
+    unless the launch could have made that directory."""
+    try:
+        with open("/proc/%s/cmdline" % pid, "rb") as f:
+            words = f.read().split(b"\0")
+    except OSError:
+        return None
+    for word in words[1:4]:
+        if os.path.basename(word) == b"shim.py" and os.path.isabs(word):
+            directory = os.path.dirname(word).decode(errors="replace")
+            try:
+                st = os.lstat(directory)
+            except OSError:
+                return None
+            private = stat.S_ISDIR(st.st_mode) and not st.st_mode & 0o077
+            return directory if private and st.st_uid == os.getuid() else None
+    return None
+
+
+def flight_records(pids):
+    """{rank: pid} -> {rank: the JSON text of its Flight Recorder summary}, for the ranks that
+    wrote one within FLIGHT_RECORD_WAIT_S of the request (a stopped rank cannot)."""
+    token = "%d-%d" % (os.getpid(), time.time_ns())
+    where = {}
+    for rank, pid in pids.items():
+        directory = shim_dir(pid)
+        if directory is None:
+            continue
+        flight = os.path.join(directory, "flight")
+        where[rank] = os.path.join(flight, "rank%s.json" % rank)
+        try:
+            os.makedirs(flight, mode=0o700, exist_ok=True)
+            with open(os.path.join(flight, "rank%s.request" % rank), "w") as f:
+                f.write(token)
+        except OSError:
+            del where[rank]
+    found = {}
+    deadline = time.time() + FLIGHT_RECORD_WAIT_S
+    while where and time.time() < deadline:
+        time.sleep(0.1)
+        for rank, path in list(where.items()):
+            try:
+                with open(path) as f:
+                    text = f.read()
+            except OSError:
+                continue
+            if '"request": "%s"' % token in text:
+                found[rank] = text.strip()
+                del where[rank]
+    return found
+
+
 def dump_stacks(ranks):
-    """For each "RANK=PID": a `@@rank RANK pid PID` line, the process's `State:` line from
+    """For each "RANK=PID": a `@@rank RANK pid PID` line, its Flight Recorder summary as one
+    `@@flight JSON` line when the rank wrote one (flight_records), the process's `State:` line from
     /proc/PID/status (`T (stopped)` is a SIGSTOP), then `py-spy dump --nonblocking` (it reads
     the process's memory without pausing it, so a stopped or wedged rank can be read too).
     py-spy is looked up beside this python, then on PATH."""
     here = os.path.join(os.path.dirname(sys.executable), "py-spy")
     spy = here if os.access(here, os.X_OK) else shutil.which("py-spy")
-    for item in ranks:
-        rank, pid = item.split("=")
+    pids = dict(item.split("=") for item in ranks)
+    records = flight_records(pids)
+    for rank, pid in pids.items():
         print("@@rank " + rank + " pid " + pid)
+        if rank in records:
+            print("@@flight " + records[rank].replace("\n", " "))
         try:
             with open("/proc/%s/status" % pid) as f:
                 print([line for line in f.read().splitlines() if line.startswith("State:")][0])

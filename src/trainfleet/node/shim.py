@@ -68,6 +68,7 @@ def wrap_init(dist):
         mark("entered")
         result = original(*args, **kwargs)
         mark("joined")
+        answer_flight_record_requests()
         # The namespace the script runs in (runpy's module, __main__ while it runs).
         SCRIPT["module"] = sys.modules.get("__main__")
         return result
@@ -111,6 +112,83 @@ def wrap_baton(file_baton):
 
     wait._trainfleet = True
     file_baton.FileBaton.wait = wait
+
+
+FLIGHT_RECORD_POLL_S = 0.5
+FLIGHT_RECORD_KEEP = 8
+"""Entries kept per process group in a summary (the last ones, and every one not complete)."""
+
+
+def flight_record(c10d, rank):
+    """A summary of this rank's Flight Recorder records (torch's JSON dump: gloo's, and NCCL's
+    where torch has it), small enough to gather from every rank of a large job."""
+    entries, status = [], {}
+    for name in ("_dump_fr_trace_json", "_dump_nccl_trace_json"):
+        dump = getattr(c10d, name, None)
+        if dump is None:
+            continue
+        try:
+            data = json.loads(dump(True, False))
+        except Exception:  # a backend without records, or a torch whose dump differs
+            continue
+        status.update(data.get("pg_status") or {})
+        entries += data.get("entries") or []
+    kept, per_group = [], {}
+    for entry in reversed(entries):
+        group = entry.get("pg_id")
+        per_group[group] = per_group.get(group, 0) + 1
+        if per_group[group] <= FLIGHT_RECORD_KEEP or not entry.get("retired"):
+            pg = entry.get("process_group") or ["", ""]
+            kept.append({
+                "pg_id": group, "pg_name": pg[1] if len(pg) > 1 else "",
+                "collective_seq_id": entry.get("collective_seq_id"),
+                "profiling_name": entry.get("profiling_name"),
+                "input_sizes": entry.get("input_sizes"),
+                "input_dtypes": entry.get("input_dtypes"),
+                "is_p2p": entry.get("is_p2p"), "state": entry.get("state"),
+                "retired": entry.get("retired"),
+            })  # fmt: skip
+    return {"rank": rank, "pid": os.getpid(), "pg_status": status, "entries": kept[::-1]}
+
+
+def answer_flight_record_requests():
+    """A daemon thread that writes this rank's Flight Recorder summary to
+    DIR/flight/rankN.json whenever DIR/flight/rankN.request changes (DIR: this shim's
+    directory; the node's hang dump writes the request, one per rank: the deepspeed backend's
+    DIR has the same path on every node). A thread, because a rank stuck in a collective never
+    returns to the interpreter's main loop, where a signal handler would run."""
+    if SCRIPT.get("flight_record_thread"):
+        return  # a second init_process_group (after a destroy)
+    SCRIPT["flight_record_thread"] = True
+    rank = os.environ.get("RANK", "0")
+    out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "flight")
+    request = os.path.join(out, "rank%s.request" % rank)
+
+    def loop():
+        answered = None
+        c10d = sys.modules.get("torch._C._distributed_c10d")
+        while True:
+            time.sleep(FLIGHT_RECORD_POLL_S)
+            try:
+                with open(request) as f:
+                    token = f.read().strip()
+            except OSError:
+                continue
+            if token == answered:
+                continue
+            answered = token
+            try:
+                c10d = c10d or __import__("torch._C._distributed_c10d", fromlist=["_"])
+                summary = flight_record(c10d, int(rank))
+                summary["request"] = token
+                path = os.path.join(out, "rank%s.json" % rank)
+                with open(path + ".tmp", "w") as f:
+                    json.dump(summary, f)
+                os.replace(path + ".tmp", path)
+            except Exception as exc:  # never the rank's end: say why and keep running
+                sys.stderr.write("trainfleet shim: flight record not written: %s\n" % exc)
+
+    threading.Thread(target=loop, name="trainfleet-flight-record", daemon=True).start()
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):

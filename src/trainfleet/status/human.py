@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from trainfleet.launch.collectives import describe
 from trainfleet.status.view import STEPPING_PHASES, fold_ranks
 
 MAX_RANK_ROWS = 16
@@ -123,6 +124,8 @@ def _node_rows(data: dict[str, Any]) -> list[list[str]]:
 
 def _head(data: dict[str, Any]) -> list[str]:
     line = f"run {data['run_id']}: {data['state']}"
+    if data.get("starting_up") and data["live"]:
+        line += " (starting up: no step yet, startup phases judged by the startup timeout)"
     if data["step"] is not None:
         line += f", step {_step(data['step'], data['total_steps'])}"
         if data["total_steps"]:
@@ -150,10 +153,13 @@ def _hang(data: dict[str, Any]) -> list[str]:
     if not isinstance(hang, dict):
         return []
     line = "hang:"
+    startup = hang.get("phase") == "startup"
     if hang.get("stuck_s") is not None:
-        line += f" no rank advanced for {duration(hang['stuck_s'])}"
-    if data["hang_timeout_s"]:
-        line += f" (hang timeout {duration(data['hang_timeout_s'])})"
+        what = "no startup progress before the first step" if startup else "no rank advanced"
+        line += f" {what} for {duration(hang['stuck_s'])}"
+    bound = data.get("startup_timeout_s") if startup else data["hang_timeout_s"]
+    if isinstance(bound, int | float) and bound:
+        line += f" ({'startup' if startup else 'hang'} timeout {duration(bound)})"
     if isinstance(hang.get("detected_at"), int | float):
         line += f", detected {duration(data['now'] - hang['detected_at'])} ago"
     lines = [line]
@@ -165,6 +171,12 @@ def _hang(data: dict[str, Any]) -> list[str]:
             lines.append(f"  behind: {text}" + (f": {who['where']}" if who.get("where") else ""))
         else:
             lines.append(f"  behind: rank {who} ({nodes.get(who, '?')})")
+    for found in hang.get("collectives") or []:
+        if isinstance(found, dict):
+            try:
+                lines.append(f"  stuck in {describe(found, nodes)}")
+            except (KeyError, TypeError):
+                lines.append("  stuck in a collective (unreadable record: see status.json)")
     stacks = hang.get("stacks")
     if isinstance(stacks, dict):
         stacks = list(stacks.values())

@@ -170,6 +170,10 @@ def build_view(
         hang=status.get("hang"),
         launcher=status.get("launcher"),
         hang_timeout_s=status.get("hang_timeout_s"),
+        startup_timeout_s=status.get("startup_timeout_s"),
+        starting_up=status.get("training_started_at") is None
+        and any(r.step is not None for r in ranks)
+        and "training_started_at" in status,
         step=min(steps, default=None),
         total_steps=max(totals, default=None),
         eta_s=max(etas, default=None),

@@ -60,6 +60,8 @@ _RANK_FIELDS: dict[str, tuple[type, ...]] = {
 _OPTIONAL: dict[str, tuple[type, ...]] = {
     "nodes": (dict, type(None)),
     "hang_timeout_s": (int, float, type(None)),
+    "startup_timeout_s": (int, float, type(None)),
+    "training_started_at": (int, float, type(None)),
     "hang": (dict, type(None)),
     "restarts": (list, type(None)),
     "launcher": (dict, type(None)),

@@ -95,6 +95,9 @@ class StatusView:
     hang: dict[str, Any] | None
     """The hang watchdog's finding, as the launcher wrote it."""
     hang_timeout_s: float | None
+    startup_timeout_s: float | None = None
+    starting_up: bool = False
+    """Some rank has beaten, all of it startup phases (loading, tokenizing): no step yet."""
     step: int | None
     """The lowest step of the ranks that have beaten."""
     total_steps: int | None

@@ -69,6 +69,7 @@ def run_train(
     preflight: bool = True,
     join_timeout: float = 120.0,
     hang_timeout: float | None = 300.0,
+    startup_timeout: float | None = 1800.0,
     max_restarts: int = 0,
     out=None,
 ):
@@ -113,6 +114,7 @@ def run_train(
         local_rank_arg="never",
         join_timeout=join_timeout,
         hang_timeout=hang_timeout,
+        startup_timeout=startup_timeout,
     )
 
     def check_fit(plan, report) -> None:

@@ -42,6 +42,12 @@ def _read() -> dict[str, int]:
     return found
 
 
+def resident_bytes() -> int:
+    """This process's resident memory (anonymous and file-backed): it grows while a model
+    loads, which makes it the loading phase's progress for the hang watchdog."""
+    return sum(_read().values())
+
+
 @dataclass(frozen=True, slots=True)
 class LoadResult:
     peak_anon_bytes: int

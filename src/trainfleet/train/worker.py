@@ -257,7 +257,10 @@ def main(encoded: str) -> int:
         )
     )
     dtype = getattr(torch, TORCH_DTYPES[config.precision])
-    with hostmem.LoadMemory() as loading:
+    # A startup phase (judged by --startup-timeout, not --hang-timeout): its progress is
+    # the memory the weights take as they load.
+    loading_beats = heartbeat.beating(0, phase="loading", measure=hostmem.resident_bytes)
+    with loading_beats, hostmem.LoadMemory() as loading:
         model = AutoModelForCausalLM.from_pretrained(config.model, dtype=dtype)
     _report_load_memory(loading.result(), model, nodes=nodes, output=output, rank=rank)
     tokenizer = AutoTokenizer.from_pretrained(config.model)
