@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -302,7 +303,7 @@ def test_a_startup_longer_than_the_hang_timeout_is_judged_by_its_own_bound(make_
     code, out = _finish(proc, timeout=120)
     assert code == 1, out
     assert "no rank made startup progress for 4 s (startup timeout 4 s)" in out, out
-    assert "rank-hung: no startup progress for 4 s, before the first step" in out, out
+    assert "startup-timeout: no startup progress for 4 s, before the first step" in out, out
     stuck = ("stuck in barrier #1 of process group 0 (default_pg), input sizes []: entered by"
              " rank 0 (gpu-node-1); never entered by rank 1 (gpu-node-2)")  # fmt: skip
     assert stuck in out, out
@@ -359,6 +360,56 @@ def _status_json(run_dir: Path) -> tuple[int, dict | None]:
         capture_output=True, text=True, check=False, timeout=60,
     )  # fmt: skip
     return done.returncode, json.loads(done.stdout) if done.stdout.strip() else None
+
+
+def test_a_node_throttled_mid_run_is_named_a_straggler_and_nothing_before_it_is(
+    make_sandbox, tmp_path
+):
+    """heartbeat_loop.py with ~0.2 s of compute per step on 2 nodes: for 12 s nothing is slowed
+    and no rank may be named. Then every process of gpu-node-2 gets 75% of one CPU (the
+    sandbox's cpu-throttle cgroup, as a throttled or shared node would): the launcher names
+    rank 1 `rank-straggler` within 60 s, and never rank 0."""
+    from trainfleet.sandbox import cpu
+    from trainfleet.sandbox.netns import netns_pids
+
+    box = make_sandbox(nodes=2, slots=1)
+    run_dir = tmp_path / "run"
+    proc = _launch(box.cluster_file, run_dir, script=str(HEARTBEAT_LOOP),
+                   script_args=["--steps", "100000", "--work", "384"])  # fmt: skip
+    lines: list[tuple[float, str]] = []
+    reader = threading.Thread(
+        target=lambda: lines.extend((time.monotonic(), x) for x in proc.stdout), daemon=True
+    )
+    reader.start()
+
+    def wait_for(pattern: str, until: float) -> float | None:
+        """When a line matching `pattern` came (looking from the start), None by `until`."""
+        while time.monotonic() < until:
+            hit = next((at for at, x in list(lines) if re.search(pattern, x)), None)
+            if hit is not None:
+                return hit
+            assert proc.poll() is None, "".join(x for _, x in lines)
+            time.sleep(0.2)
+        return None
+
+    status = run_dir / "status.json"
+    deadline = time.monotonic() + 120
+    while not status.exists() or not all(
+        (r["step"] or 0) >= 5 for r in json.loads(status.read_text())["ranks"]
+    ):
+        assert time.monotonic() < deadline and proc.poll() is None, "".join(x for _, x in lines)
+        time.sleep(0.2)
+    assert wait_for("rank-straggler", time.monotonic() + 12) is None, lines[-5:]
+    throttled = time.monotonic()
+    cpu.throttle(f"{cpu.cgroup_prefix(box.name)}2", netns_pids(box.node(2).netns))
+    named = wait_for("rank-straggler", throttled + 60)
+    said = "".join(x for _, x in lines)
+    assert named is not None, said[-3000:]
+    print(f"named {named - throttled:.1f} s after the throttle")  # (-s) for docs/status.md
+    assert "rank-straggler: rank 1 (gpu-node-2) computes" in said, said[-3000:]
+    assert "rank 0 (gpu-node-1) computes" not in said
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 130
 
 
 def test_status_from_another_terminal_names_the_slow_rank_while_the_job_runs(

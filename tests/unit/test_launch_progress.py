@@ -219,3 +219,32 @@ def test_the_watchdog_judges_startup_by_the_startup_timeout_and_training_by_the_
     progress.beat(0, {"step": 0, "phase": "loading"}, now=now - 100)
     progress.beat(0, {"step": 1}, now=now - 31)
     assert run._hung() and progress.hang["phase"] == "training"
+
+
+def test_the_launcher_names_a_straggler_once_and_says_when_it_no_longer_is(tmp_path):
+    """Judged as `trainfleet status` judges it (the busy_s medians, 20% margin), every
+    STRAGGLERS_EVERY_S while the run goes on."""
+    from trainfleet.cluster import load_cluster
+    from trainfleet.launch import LaunchOptions, new_run_id, prepare
+    from trainfleet.launch.supervisor import _Run
+
+    plan, _ = prepare(load_cluster(), LaunchOptions(command=("-c", "pass"), run_id=new_run_id()),
+                      run_dir=tmp_path)  # fmt: skip
+    out = io.StringIO()
+    run = _Run(plan, tmp_path, out)
+    ranks = {f"n{r}": range(r, r + 1) for r in range(3)}
+    progress = run.output.progress = Progress(run_id="r", ranks=ranks, started_at=0.0)
+    for step in range(1, 8):
+        for rank, busy in ((0, 0.20), (1, 0.21), (2, 0.30)):
+            progress.beat(rank, {"step": step, "busy_s": busy}, now=float(step))
+    run._judge_stragglers()
+    run._judge_stragglers()  # within STRAGGLERS_EVERY_S: not judged again
+    said = out.getvalue()
+    assert said.count("rank-straggler") == 1, said
+    assert "rank-straggler: rank 2 (n2) computes 46% longer per step than the other ranks" in said
+    for step in range(8, 30):
+        for rank in range(3):
+            progress.beat(rank, {"step": step, "busy_s": 0.2}, now=float(step))
+    run.stragglers_checked = 0.0
+    run._judge_stragglers()
+    assert "rank 2 (n2) is no longer a straggler" in out.getvalue()

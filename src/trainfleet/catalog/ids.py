@@ -59,6 +59,7 @@ class FindingId(str, enum.Enum):
     STARTUP_TIMEOUT = "startup-timeout"
     RANK_CRASHED = "rank-crashed"
     RANK_HUNG = "rank-hung"
+    RANK_STRAGGLER = "rank-straggler"
     ORPHAN_PROCESSES = "orphan-processes"
     NESTED_LAUNCHER = "nested-launcher"
     OUTPUT_NOT_SHARED = "output-not-shared"

@@ -167,9 +167,14 @@ ENTRIES: dict[FindingId, Entry] = {
         title="work before the first step outlasts the process group's timeout",
         seen="users raise the timeout to years (`ddp_timeout: 180000000`), which switches "
         "hang detection off",
-        detect="judge startup by its own bound and progress, training by the hang timeout",
-        fix="a bound for startup of its own, not a longer process-group timeout",
-        planned=True,
+        detect="beats with a phase before the first step (loading, tokenizing) are judged by "
+        "--startup-timeout and their own progress; training by --hang-timeout",
+        fix="the rank and the place it waits, as printed; a long startup that advances needs "
+        "no longer timeout",
+        sandbox=Sandbox(
+            setup="a rank whose tokenization stops advancing before the first barrier",
+            tests=("test_launch.py",),
+        ),
     ),
     FindingId.RANK_CRASHED: Entry(
         area=_RUN,
@@ -187,13 +192,25 @@ ENTRIES: dict[FindingId, Entry] = {
         area=_RUN,
         title="no rank advances a step",
         seen="everything blocks until the process-group timeout (30 min for gloo)",
-        detect="heartbeats: no step past --hang-timeout; every rank's stack (py-spy) and the "
-        "rank behind",
+        detect="heartbeats: no step past --hang-timeout; every rank's stack (py-spy), the rank "
+        "behind, and the collective it is stuck in with the ranks that never entered it "
+        "(PyTorch's Flight Recorder)",
         fix="the rank and the place it waits, as printed",
         sandbox=Sandbox(
             setup="a rank stopped with SIGSTOP; a node's link set down",
             tests=("test_chaos.py", "test_launch.py"),
         ),
+    ),
+    FindingId.RANK_STRAGGLER: Entry(
+        area=_RUN,
+        title="one rank computes slower than the others",
+        seen="every step of synchronous training takes as long as the slowest rank's; step "
+        "times look alike on every rank",
+        detect="busy_s heartbeats (time computing, not waiting): a rank's median above the other "
+        "ranks' median by more than 20%, said by the launcher within seconds and by "
+        "`trainfleet status`",
+        fix="the node named: a throttled or slower GPU/CPU, another job on it",
+        sandbox=Sandbox(faults=("cpu-throttle",), tests=("test_launch.py",)),
     ),
     FindingId.ORPHAN_PROCESSES: Entry(
         area=_RUN,

@@ -206,7 +206,8 @@ def render_outcome(result, plan) -> str:
         hang = result.hang
         if hang.get("phase") == "startup":
             lines.append(
-                f"{FindingId.RANK_HUNG}: no startup progress for {hang.get('stuck_s', 0):.0f} s,"
+                f"{FindingId.STARTUP_TIMEOUT}: no startup progress for"
+                f" {hang.get('stuck_s', 0):.0f} s,"
                 " before the first step; behind:"
             )
         else:

@@ -101,11 +101,8 @@ class Progress:
             self.last_advance = now  # so is a long phase's advance (a save still writing)
         if row["step"] is None or step > row["step"]:
             # A step time is between two training steps, not from a startup beat to step 1.
-            if (
-                row["step"] is not None
-                and row["last_beat_at"] is not None
-                and rank not in (self.from_startup)
-            ):
+            after_step = row["step"] is not None and rank not in self.from_startup
+            if after_step and row["last_beat_at"] is not None:
                 per_step = (now - row["last_beat_at"]) / (step - row["step"])
                 self.step_times[rank].append(round(per_step, 4))
             row["step"], row["last_beat_at"] = step, now

@@ -63,6 +63,12 @@ def end_cause(result: LaunchResult) -> Cause:
     if result.state is RunState.HUNG and result.hang:
         hang = result.hang
         behind = "; ".join(f"{b['node']} rank {b['rank']}: {b['where']}" for b in hang["behind"])
+        if hang.get("phase") == "startup":
+            return Cause(
+                FindingId.STARTUP_TIMEOUT,
+                f"no startup progress for {hang.get('stuck_s', 0):.0f} s, before the first"
+                f" step; {behind}",
+            )
         return Cause(
             FindingId.RANK_HUNG,
             f"no rank advanced past step {hang.get('step')} for"

@@ -38,11 +38,14 @@ from trainfleet.launch import collectives, stacks
 from trainfleet.launch.backend import Channel, Plan
 from trainfleet.launch.output import MergedOutput, pump
 from trainfleet.launch.rootcause import RankError
+from trainfleet.status import rules as status_rules
 
 CUT_OFF_AFTER_S = 5
 """After a node's grace period: how long before its ssh is killed."""
 SSH_DROPPED = 255
 STATUS_EVERY_S = 1.0
+STRAGGLERS_EVERY_S = 5.0
+"""How often the launcher judges stragglers from the ranks' busy_s (`status/rules.py`)."""
 KEEPALIVE_EVERY_S = 5.0
 LIFELINE_S = 30.0
 """A bootstrap that has heard nothing from the launcher for this long stops its node's job
@@ -124,6 +127,8 @@ class _Run:
         self.not_joined: set[int] = set()
         self.status_written = 0.0
         self.keepalive_sent = 0.0
+        self.stragglers_checked = 0.0
+        self.stragglers: set[int] = set()
 
     async def start(self, channels: list[Channel]) -> None:
         for channel in channels:
@@ -190,6 +195,7 @@ class _Run:
                 break
             self.write_status()
             self._keepalive()
+            self._judge_stragglers()
             if self._hung():
                 break
         else:
@@ -219,6 +225,31 @@ class _Run:
                     proc.stdin.write(b"\n")
                 except (BrokenPipeError, ConnectionResetError, RuntimeError):
                     pass  # its end is seen by watch()
+
+    def _judge_stragglers(self) -> None:
+        """Says once when a rank becomes a straggler (its median busy_s above the others' by
+        more than status's margin), and once when it no longer is."""
+        now = time.monotonic()
+        if now - self.stragglers_checked < STRAGGLERS_EVERY_S:
+            return
+        self.stragglers_checked = now
+        progress = self.output.progress
+        rows = [{**row, "busy_times_s": list(progress.busy_times[rank])}
+                for rank, row in progress.rows.items()]  # fmt: skip
+        found = status_rules.stragglers(rows)
+        for rank in sorted(set(found) - self.stragglers):
+            row = found[rank]
+            self.output.note(
+                f"{FindingId.RANK_STRAGGLER}: rank {rank} ({row.node}) computes"
+                f" {row.slower_by:.0%} longer per step than the other ranks (median busy"
+                f" {row.median_busy_s:.3g} s over its last {row.busy_samples} steps, the others'"
+                f" {row.others_busy_s:.3g} s): every step waits for it; a slower or throttled"
+                " GPU/CPU, or another job on the node"
+            )
+        for rank in sorted(self.stragglers - set(found)):
+            self.output.note(f"rank {rank} ({progress.rows[rank]['node']}) is no longer a"
+                             " straggler")  # fmt: skip
+        self.stragglers = set(found)
 
     def _hung(self) -> bool:
         """No rank advanced for the bound of the run's phase: the startup timeout before the

@@ -21,7 +21,7 @@ from pathlib import Path
 from trainfleet import node as node_programs
 from trainfleet.cluster import DEFAULT_MASTER_PORT
 from trainfleet.errors import SandboxError
-from trainfleet.sandbox import files, netns, users
+from trainfleet.sandbox import cpu, files, netns, users
 from trainfleet.sandbox.faults import (
     BARE_PATH,
     DECOYS,
@@ -234,6 +234,7 @@ def _build(sandbox: Sandbox) -> None:
     _write_client_files(sandbox, host_keys)
     _apply_network_faults(sandbox)
     _start_sshds(sandbox)
+    _throttle_cpus(sandbox)
     _start_port_holders(sandbox)
 
 
@@ -357,6 +358,18 @@ def _start_sshds(sandbox: Sandbox) -> None:
                 f"see the sshd.log files under {sandbox.state_dir}/nodes",
             )
         time.sleep(0.05)
+
+
+def _throttle_cpus(sandbox: Sandbox) -> None:
+    """cpu-throttle: the node's sshd, and so all it starts, into a cgroup with a CPU quota."""
+    for index in _faulted(sandbox, "cpu-throttle"):
+        node = sandbox.node(index)
+        pid_file = sandbox.state_dir / "nodes" / node.hostname / "sshd.pid"
+        deadline = time.monotonic() + _SSHD_START_TIMEOUT_S
+        while not pid_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        pid = int(pid_file.read_text().split()[0])
+        cpu.throttle(f"{cpu.cgroup_prefix(sandbox.name)}{index}", [pid])
 
 
 def _port_open(address: str, port: int) -> bool:

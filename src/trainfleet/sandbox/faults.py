@@ -55,6 +55,11 @@ FAULTS: dict[str, FaultKind] = {
     "slow-link": FaultKind(
         FindingId.SLOW_LINK, "last", "the node's link is shaped to 50 Mbit/s (tc tbf)"
     ),
+    "cpu-throttle": FaultKind(
+        FindingId.RANK_STRAGGLER,
+        "last",
+        "the node's processes together get 75% of one CPU (a cgroup quota): its rank straggles",
+    ),
     "mtu-mismatch": FaultKind(FindingId.MTU_MISMATCH, "last", "the node's interface has MTU 1280"),
     "node-down": FaultKind(
         FindingId.SSH_UNREACHABLE, "last", "the node's link is down and it runs no sshd"

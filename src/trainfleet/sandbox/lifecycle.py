@@ -22,7 +22,7 @@ from pathlib import Path
 
 from trainfleet.errors import SandboxError
 from trainfleet.procs import pid_alive
-from trainfleet.sandbox import files, netns
+from trainfleet.sandbox import cpu, files, netns
 from trainfleet.sandbox.state import DEFAULT_NAME, Sandbox, check_name, load, state_root
 
 
@@ -44,6 +44,7 @@ def down(name: str = DEFAULT_NAME) -> list[str]:
             netns.kill_netns_processes(ns)
             netns.run(["ip", "netns", "del", ns])
             removed.append(f"netns {ns}")
+    removed += [f"cgroup {g}" for g in cpu.remove_all(cpu.cgroup_prefix(name))]
     for link in netns.links_with_prefix(f"tv-{name}-"):
         netns.run(["ip", "link", "del", link], check=False)
         removed.append(f"link {link}")

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainfleet.launch.collectives import describe
 from trainfleet.status.view import STEPPING_PHASES, fold_ranks
 
 MAX_RANK_ROWS = 16
@@ -172,6 +171,8 @@ def _hang(data: dict[str, Any]) -> list[str]:
         else:
             lines.append(f"  behind: rank {who} ({nodes.get(who, '?')})")
     for found in hang.get("collectives") or []:
+        from trainfleet.launch.collectives import describe  # (launch's package imports status)
+
         if isinstance(found, dict):
             try:
                 lines.append(f"  stuck in {describe(found, nodes)}")

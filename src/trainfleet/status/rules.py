@@ -14,7 +14,7 @@ slowest rank's. Stragglers: in synchronous data-parallel training every rank's s
 long as the slowest rank's, so step times look alike and are never used for this; only
 `busy_s` (the seconds a rank computed rather than waited, `trainfleet.heartbeat`) tells the
 slow one apart. A rank is a straggler when the median of its recent busy_s (at least
-MIN_BUSY_SAMPLES) exceeds the median over all ranks of those medians by more than the margin
+MIN_BUSY_SAMPLES) exceeds the median of the other ranks' medians by more than the margin
 (MARGIN: 20%). A rank is silent when, while the run lives, its last heartbeat is older than
 SILENT_FACTOR x its median step time, and at least SILENT_MIN_S, unless it said it is in
 another phase than training (saving a checkpoint: no step for a while is expected).
@@ -96,9 +96,28 @@ def _judge_stragglers(ranks: list[RankRow], margin: float) -> tuple[str, float |
     if reference <= 0:
         return "too few samples", None
     for r in ready:
-        r.slower_by = round(r.median_busy_s / reference - 1, 3)
+        # Against the others, not all: with two ranks the median of all is their mean, and a
+        # rank 40% slower than the other would be only 17% above it.
+        others = median(x.median_busy_s for x in ready if x is not r)
+        if others <= 0:
+            continue
+        r.others_busy_s = round(others, 4)
+        r.slower_by = round(r.median_busy_s / others - 1, 3)
         r.straggler = r.slower_by > margin
     return "ok", round(reference, 4)
+
+
+def stragglers(ranks: list[dict[str, Any]], *, margin: float = MARGIN) -> dict[int, RankRow]:
+    """The straggler ranks of status.json's `ranks` rows, judged as `build_view` judges them
+    (what the launcher checks while the run goes on).
+
+    >>> rows = [{"rank": r, "node": "n", "busy_times_s": [b] * 5} for r, b in enumerate([1, 1, 2])]
+    >>> {r: row.slower_by for r, row in stragglers(rows).items()}
+    {2: 1.0}
+    """
+    judged = [_rank_row(row, live=False, clock=0.0) for row in ranks]
+    _judge_stragglers(judged, margin)
+    return {r.rank: r for r in judged if r.straggler}
 
 
 def _slowest(rows: list[RankRow]) -> int | None:
@@ -209,8 +228,8 @@ def _notes(view: StatusView) -> list[str]:
         if r.straggler:
             notes.append(
                 f"straggler: rank {r.rank} ({r.node}): median busy {r.median_busy_s:.3g} s per "
-                f"step over its last {r.busy_samples}, {r.slower_by:.0%} above the median of all "
-                f"ranks ({view.reference_busy_s:.3g} s; margin {view.margin:.0%}): every rank "
+                f"step over its last {r.busy_samples}, {r.slower_by:.0%} above the median of the "
+                f"other ranks ({r.others_busy_s:.3g} s; margin {view.margin:.0%}): every rank "
                 "waits for it"
             )
     for r in view.ranks:

@@ -46,7 +46,9 @@ class RankRow:
     eta_s: float | None
     """Steps left x median_step_s, while the run lives."""
     slower_by: float | None = None
-    """median_busy_s over the median of all ranks', minus 1 (0.3: 30% slower)."""
+    """median_busy_s over others_busy_s, minus 1 (0.3: 30% slower)."""
+    others_busy_s: float | None = None
+    """The median of the other ranks' median_busy_s: what this rank is compared with."""
     straggler: bool = False
     silent: bool = False
     silent_after_s: float | None = None
