@@ -116,6 +116,11 @@ def test_trl_sft_script_trains_on_two_nodes_and_saves_the_model(box, assets, tmp
     assert "Training completed." in out
     assert (output / "model.safetensors").stat().st_size > 0
     assert (output / "config.json").exists()
+    # The shim's Trainer callback beat every step, unchanged script: status saw both ranks.
+    status = json.loads((tmp_path / "run" / "status.json").read_text())
+    ranks = {r["rank"]: r for r in status["ranks"]}
+    assert [(ranks[r]["step"], ranks[r]["total_steps"]) for r in (0, 1)] == [(3, 3), (3, 3)]
+    assert all(isinstance(ranks[r]["loss"], float) for r in (0, 1)), ranks
     # DeepSpeed's own checkpoint: ZeRO-3 over 2 data-parallel ranks, each holding its partition.
     import torch
 

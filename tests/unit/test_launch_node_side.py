@@ -482,3 +482,22 @@ def test_a_flight_record_is_asked_for_only_in_a_private_directory_of_this_user(t
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_the_shims_heartbeat_is_the_line_trainfleet_heartbeat_writes(monkeypatch, capsys):
+    """The shim runs on nodes without trainfleet installed, so it writes beats itself (for
+    Hugging Face Trainers): the same line, which the launcher reads the same way."""
+    import io
+
+    from trainfleet import heartbeat
+
+    monkeypatch.setenv("TRAINFLEET_RUN_ID", "r5")
+    monkeypatch.setenv("RANK", "3")
+    shim.beat(7, total_steps=10, loss=1.25, busy_s=None)
+    from_shim = capsys.readouterr().err
+    ours = io.StringIO()
+    heartbeat.beat(7, total_steps=10, loss=1.25, stream=ours)
+    assert from_shim == ours.getvalue()
+    mark, run_id, kind, rank, payload = from_shim.rstrip("\n").split(":", 4)
+    assert (mark, run_id, kind, rank) == ("@@trainfleet", "r5", "beat", "3")
+    assert heartbeat.parse(payload)["step"] == 7

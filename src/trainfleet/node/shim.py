@@ -4,8 +4,10 @@
     torchrun ... /tmp/trainfleet-x/shim.py -m my_pkg.train --lr 1e-4
 
 It reports, on stderr, when the rank started, entered `torch.distributed.init_process_group`
-and came out of it (what the launcher's join watchdog counts), and every minute that it waits
-for torch's JIT build lock (see wrap_baton); it adds `--local_rank=N` for
+and came out of it (what the launcher's join watchdog counts), every minute that it waits
+for torch's JIT build lock (see wrap_baton), a heartbeat at every step of a Hugging Face
+Trainer (see wrap_trainer), and its Flight Recorder records when a hang report asks (see
+answer_flight_record_requests); it adds `--local_rank=N` for
 scripts that expect the argument (seed 004: DeepSpeed's runner passes it, torchrun does not),
 then runs the script as `__main__`: its exceptions, exit codes and output are its own. A
 script that succeeded without `destroy_process_group()` gets it called for it (see
@@ -191,11 +193,62 @@ def answer_flight_record_requests():
     threading.Thread(target=loop, name="trainfleet-flight-record", daemon=True).start()
 
 
+def beat(step, **fields):
+    """A heartbeat line, as `trainfleet.heartbeat.beat` writes it (the shim runs on nodes that
+    need not have trainfleet installed)."""
+    line = {"step": int(step), "pid": os.getpid()}
+    line.update((k, v) for k, v in fields.items() if v is not None)
+    run_id, rank = os.environ.get("TRAINFLEET_RUN_ID", "-"), os.environ.get("RANK", "0")
+    sys.stderr.write("%s:%s:beat:%s:%s\n" % (MARK, run_id, rank, json.dumps(line)))
+    sys.stderr.flush()
+
+
+def wrap_trainer(trainer_module):
+    """Hugging Face's Trainer (and what subclasses it: TRL's, LLaMA-Factory's, axolotl's) gets
+    a callback that beats at every optimizer step, with the total and the last logged loss:
+    a script started unchanged is seen by `trainfleet status` and judged by the hang
+    watchdog. A trainer that beats itself (`trainfleet train`'s) sets
+    `trainfleet_beats = True` on its class and gets none."""
+    trainer = getattr(trainer_module, "Trainer", None)
+    base = getattr(sys.modules.get("transformers.trainer_callback"), "TrainerCallback", None)
+    if trainer is None or base is None or getattr(trainer.__init__, "_trainfleet", False):
+        return
+    original = trainer.__init__
+
+    class Beats(base):
+        def __init__(self):
+            self.loss = None
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if isinstance(logs, dict) and isinstance(logs.get("loss"), (int, float)):
+                self.loss = float(logs["loss"])
+                beat(state.global_step, loss=self.loss)  # (the step's log comes after its end)
+
+        def on_step_end(self, args, state, control, **kwargs):
+            beat(state.global_step, total_steps=state.max_steps or None, loss=self.loss)
+
+    @functools.wraps(original)
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        if not getattr(type(self), "trainfleet_beats", False):
+            try:
+                self.add_callback(Beats())
+            except Exception as exc:  # the training is the user's: it goes on without beats
+                sys.stderr.write("trainfleet shim: no heartbeats from this Trainer: %s\n" % exc)
+
+    __init__._trainfleet = True
+    trainer.__init__ = __init__
+
+
 class _AfterImport(importlib.abc.MetaPathFinder):
     """Wraps what HOOKS name as soon as each module is imported, without importing torch
     itself (a script that never uses it pays nothing)."""
 
-    HOOKS = {"torch.distributed": wrap_init, "torch.utils.file_baton": wrap_baton}
+    HOOKS = {
+        "torch.distributed": wrap_init,
+        "torch.utils.file_baton": wrap_baton,
+        "transformers.trainer": wrap_trainer,
+    }
 
     def __init__(self):
         self.waiting = dict(self.HOOKS)
