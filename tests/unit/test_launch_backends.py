@@ -72,3 +72,22 @@ def test_pdsh_output_is_split_by_node_and_rank_and_a_node_s_end_is_noted(tmp_pat
 def test_a_channel_without_demux_keeps_every_line_as_its_node_s():
     line = Channel(name="gpu-node-1", argv=[]).split("gpu-node-2: not a prefix here")
     assert (line.node, line.text, line.node_exit) == (None, "gpu-node-2: not a prefix here", None)
+
+
+def test_a_beat_behind_a_progress_bar_on_the_same_line_is_still_a_beat(tmp_path):
+    """tqdm ends its updates with a carriage return, so the shim's beat for a Hugging Face
+    Trainer step arrives behind the bar on one line (seen in TRL's SFT run): the bar is output,
+    the beat is progress."""
+    plan = _ds_plan()
+    out = io.StringIO()
+    merged = MergedOutput(plan, tmp_path, out, started=0.0)
+    runner = Channel(name="deepspeed", argv=[], demux=pdsh_line)
+    bar = " 33%|###3      | 1/3 [00:00<00:00,  4.33it/s]"
+    beat = '@@trainfleet:r1:beat:2:{"step": 1, "pid": 7, "total_steps": 3}'
+    merged.line(runner, "stderr", f"gpu-node-2: [default0]:{bar}{beat}")
+    merged.line(runner, "stderr", f"gpu-node-2: [default0]:\r{beat.replace('1, ', '2, ')}")
+    merged.close()
+    assert merged.progress.rows[2]["step"] == 2 and merged.progress.rows[2]["total_steps"] == 3
+    shown = out.getvalue()
+    assert bar in shown and "@@trainfleet" not in shown
+    assert len(shown.splitlines()) == 1  # the bare "\r" before the second beat is no line

@@ -103,6 +103,13 @@ class MergedOutput:
         if match and node in self.ranges:
             rank = self.ranges[node].start + int(match.group(1))
             text = match.group(2)
+        at = text.find(self.mark)
+        if at > 0:
+            # A progress bar ends its updates with "\r", not "\n" (tqdm): a mark written
+            # after one arrives behind it on the same line.
+            if text[:at].strip():
+                self._plain(now, node, rank, stream, text[:at])
+            text = text[at:]
         if text.startswith(self.mark):
             event, _, who = text[len(self.mark) :].partition(":")
             if event == "beat":
@@ -116,6 +123,10 @@ class MergedOutput:
                 if event.startswith("exit="):
                     self.tracker.note_exit(now, node, int(who), int(event[5:]))
             return
+        self._plain(now, node, rank, stream, text)
+
+    def _plain(self, now: float, node: str, rank: int | None, stream: str, text: str) -> None:
+        """A line of the job's own output: the root-cause tracker, the terminal, the log."""
         self.tracker.feed(now, node, rank, _TORCH_RANK_PREFIX.sub("", text, count=1))
         if not self.quiet:
             prefix = f"[{node}:{rank}]" if rank is not None else f"[{node}]"
