@@ -100,15 +100,15 @@ def stuck_collectives(
     answered = {rank: rec for rank, rec in records.items() if isinstance(rec, dict)}
     progress = {rank: _progress(rec) for rank, rec in answered.items()}
     groups = sorted({pg for p in progress.values() for pg in p}, key=lambda g: (_int(g) or 0, g))
+    silent_ranks = {r for r in range(world_size) if r not in answered}
     found = []
     for pg in groups:
         # Another group's members are not in the records: those that mention it, and any
         # rank that gave no record (it may be one).
-        silent_ranks = [r for r in range(world_size) if r not in answered]
         members = (
             list(range(world_size))
             if pg == "0"
-            else sorted({r for r, p in progress.items() if pg in p} | set(silent_ranks))
+            else sorted({r for r, p in progress.items() if pg in p} | silent_ranks)
         )
         pending = [_first_pending(answered[r], pg, *p[pg])
                    for r, p in progress.items() if pg in p and p[pg][0] > p[pg][1]]  # fmt: skip
@@ -122,12 +122,13 @@ def stuck_collectives(
         silent = sorted(r for r in members if r not in answered)
         entry = _entry(answered, entered, pg, seq)
         signatures = {r: _signature(e) for r in entered if (e := _entry(answered, [r], pg, seq))}
+        mismatch = len(set(signatures.values())) > 1
+        by_rank = {str(r): {"op": s[0], "input_sizes": s[1]} for r, s in signatures.items()}
+        name = entry.get("pg_name")
         found.append(
             {
                 "process_group": pg,
-                "pg_name": None
-                if entry.get("pg_name") in ("", "undefined")
-                else entry.get("pg_name"),
+                "pg_name": None if name in ("", "undefined") else name,  # torch's "no name"
                 "seq": seq,
                 "op": str(entry.get("profiling_name") or "?").split(":")[-1],
                 "input_sizes": entry.get("input_sizes"),
@@ -135,12 +136,8 @@ def stuck_collectives(
                 "entered": entered,
                 "never_entered": never,
                 "no_record": silent,
-                "mismatch": len(set(signatures.values())) > 1,
-                "by_rank": {
-                    str(r): {"op": s[0], "input_sizes": s[1]} for r, s in signatures.items()
-                }
-                if len(set(signatures.values())) > 1
-                else {},
+                "mismatch": mismatch,
+                "by_rank": by_rank if mismatch else {},
             }
         )
     return found
