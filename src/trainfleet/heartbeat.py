@@ -36,6 +36,9 @@ from collections.abc import Callable, Iterator
 from typing import IO, Any
 
 MARK = "@@trainfleet"  # the shim's; the launcher reads both
+STEPPING_PHASES = (None, "training")
+"""Phases in which a rank beats at every step; before the first such beat a phase is startup
+(loading, tokenizing), after it another phase (saving) is not silence."""
 
 
 def beat(

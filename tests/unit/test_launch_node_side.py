@@ -429,8 +429,15 @@ def test_a_ranks_flight_record_comes_back_with_its_stack_dump(tmp_path):
     script.write_text(
         "import time, torch, torch.distributed as dist\n"
         "dist.init_process_group('gloo')\n"
+        "import json, torch._C._distributed_c10d as c10d\n"
         "for _ in range(3):\n"
         "    dist.all_reduce(torch.ones(7))\n"
+        # gloo marks a collective complete in the recorder from its own thread, a moment after
+        # all_reduce returns (seen lagging by one under load): wait until it has.
+        "deadline = time.time() + 20\n"
+        "while time.time() < deadline and json.loads(c10d._dump_fr_trace_json())['pg_status']"
+        "['0']['last_completed_collective'] != '3':\n"
+        "    time.sleep(0.05)\n"
         "print('ready', flush=True)\n"
         "time.sleep(60)\n"
     )

@@ -33,6 +33,19 @@ cluster.yaml example:
 """
 
 
+def add_startup_timeout_argument(parser: argparse.ArgumentParser) -> None:
+    """`--startup-timeout`, the same on launch and train (`launch/progress.py`: startup)."""
+    parser.add_argument(
+        "--startup-timeout",
+        type=float,
+        default=1800.0,
+        metavar="S",
+        help="before the first step, while the ranks beat startup phases (loading, "
+        "tokenizing: trainfleet.heartbeat.beating), stop when none made progress for S seconds;"
+        " the hang timeout starts at the first step (default 1800; 0: off)",
+    )
+
+
 def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group(
         "cluster (one of --hostfile, --cluster, --hosts; default: this machine alone, its GPUs"

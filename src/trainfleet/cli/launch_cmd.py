@@ -12,10 +12,10 @@ import os
 import sys
 from pathlib import Path
 
-from trainfleet.catalog import FindingId
 from trainfleet.cli.common import (
     CLUSTER_YAML_EXAMPLE,
     add_cluster_arguments,
+    add_startup_timeout_argument,
     cluster_from_args,
     command_after_dashes,
 )
@@ -104,15 +104,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "trainfleet.heartbeat.beat; `trainfleet train` sends them), after dumping every "
         "rank's stack into RUN_DIR/stacks (py-spy); default: off",
     )
-    parser.add_argument(
-        "--startup-timeout",
-        type=float,
-        default=1800.0,
-        metavar="S",
-        help="before the first step, while the ranks beat startup phases (loading, "
-        "tokenizing: trainfleet.heartbeat.beating), stop when none made progress for S seconds;"
-        " the hang timeout starts at the first step (default 1800; 0: off)",
-    )
+    add_startup_timeout_argument(parser)
     parser.add_argument(
         "--max-restarts",
         type=int,
@@ -185,6 +177,7 @@ def render_outcome(result, plan) -> str:
     from trainfleet.launch import RunState
     from trainfleet.launch.collectives import describe
     from trainfleet.launch.rootcause import known_fix
+    from trainfleet.launch.supervisor import hang_headline
 
     logs = result.run_dir / "logs"
     head = f"trainfleet: {result.state.value} after {result.seconds:.1f} s"
@@ -204,17 +197,8 @@ def render_outcome(result, plan) -> str:
         lines.append(f"root cause: {result.first_failure} ended first (no error text seen)")
     if result.state is RunState.HUNG and result.hang:
         hang = result.hang
-        if hang.get("phase") == "startup":
-            lines.append(
-                f"{FindingId.STARTUP_TIMEOUT}: no startup progress for"
-                f" {hang.get('stuck_s', 0):.0f} s,"
-                " before the first step; behind:"
-            )
-        else:
-            lines.append(
-                f"{FindingId.RANK_HUNG}: no rank advanced past step {hang.get('step')} for"
-                f" {hang.get('stuck_s', 0):.0f} s; behind:"
-            )
+        finding, headline = hang_headline(hang)
+        lines.append(f"{finding}: {headline}; behind:")
         lines += [f"  {b['node']} rank {b['rank']}: {b['where']}" for b in hang.get("behind", [])]
         nodes = {r: host for host, ranks in plan.rank_ranges().items() for r in ranks}
         lines += [f"  stuck in {describe(c, nodes)}" for c in hang.get("collectives") or []]

@@ -11,7 +11,12 @@ import json
 import sys
 from pathlib import Path
 
-from trainfleet.cli.common import CLUSTER_YAML_EXAMPLE, add_cluster_arguments, cluster_from_args
+from trainfleet.cli.common import (
+    CLUSTER_YAML_EXAMPLE,
+    add_cluster_arguments,
+    add_startup_timeout_argument,
+    cluster_from_args,
+)
 from trainfleet.hf_names import HF_NAMES
 
 HELP = "multi-node SFT / continued pretraining of a Hugging Face causal LM with DeepSpeed ZeRO"
@@ -112,15 +117,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="stop when no rank advanced a step (or a phase: saving, exporting) for S"
         " seconds, after dumping every rank's stack into RUN_DIR/stacks (default 300; 0: off)",
     )
-    parser.add_argument(
-        "--startup-timeout",
-        type=float,
-        default=1800.0,
-        metavar="S",
-        help="before the first step, while the ranks beat startup phases (loading, "
-        "tokenizing: trainfleet.heartbeat.beating), stop when none made progress for S seconds;"
-        " the hang timeout starts at the first step (default 1800; 0: off)",
-    )
+    add_startup_timeout_argument(parser)
     parser.add_argument(
         "--json",
         action="store_true",

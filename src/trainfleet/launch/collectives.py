@@ -58,32 +58,21 @@ def _progress(record: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
     return found
 
 
-def _entry(records: Mapping[int, Mapping[str, Any]], ranks: list[int], pg: str, seq: int) -> dict:
-    """The entry for collective `seq` of `pg` in the first of `ranks` that still holds it."""
-    for rank in ranks:
-        entries = records[rank].get("entries")
-        for entry in entries if isinstance(entries, list) else []:
-            if (
-                isinstance(entry, dict)
-                and str(entry.get("pg_id")) == pg
-                and entry.get("collective_seq_id") == seq
-                and not entry.get("is_p2p")
-            ):
-                return entry
-    return {}
+def _collectives(record: Mapping[str, Any], pg: str) -> dict[int, dict]:
+    """A rank's recorded collectives of group `pg` (not point-to-point), by sequence number."""
+    entries = record.get("entries")
+    return {
+        e["collective_seq_id"]: e
+        for e in (entries if isinstance(entries, list) else [])
+        if isinstance(e, dict) and str(e.get("pg_id")) == pg and not e.get("is_p2p")
+        and isinstance(e.get("collective_seq_id"), int)
+    }  # fmt: skip
 
 
 def _first_pending(record: Mapping[str, Any], pg: str, enqueued: int, completed: int) -> int:
     """The first collective of `pg` this rank enqueued and did not see complete: its lowest
     recorded sequence number above `completed` (torch counts from 1; -1: none completed)."""
-    entries = record.get("entries")
-    seqs = [
-        e["collective_seq_id"]
-        for e in (entries if isinstance(entries, list) else [])
-        if isinstance(e, dict) and str(e.get("pg_id")) == pg and not e.get("is_p2p")
-        and isinstance(e.get("collective_seq_id"), int)
-        and completed < e["collective_seq_id"] <= enqueued
-    ]  # fmt: skip
+    seqs = [seq for seq in _collectives(record, pg) if completed < seq <= enqueued]
     return min(seqs, default=max(completed + 1, 1))
 
 
@@ -120,8 +109,9 @@ def stuck_collectives(
         )
         never = sorted(r for r in members if r in answered and r not in entered)
         silent = sorted(r for r in members if r not in answered)
-        entry = _entry(answered, entered, pg, seq)
-        signatures = {r: _signature(e) for r in entered if (e := _entry(answered, [r], pg, seq))}
+        held = {r: e for r in entered if (e := _collectives(answered[r], pg).get(seq))}
+        entry = next(iter(held.values()), {})
+        signatures = {r: _signature(e) for r, e in held.items()}
         mismatch = len(set(signatures.values())) > 1
         by_rank = {str(r): {"op": s[0], "input_sizes": s[1]} for r, s in signatures.items()}
         name = entry.get("pg_name")

@@ -52,10 +52,9 @@ TRAINFLEET = "trainfleet"
 DEFAULTS = "trainfleet's default"
 
 FLIGHT_RECORDER = {"TORCH_FR_BUFFER_SIZE": "2000"}
-"""Collectives each rank's Flight Recorder keeps (a ring: the last 2000): torch's name for every
-backend since 2.7 (gloo's records start there). NCCL's older name, TORCH_NCCL_TRACE_BUFFER_SIZE,
-is not set: torch 2.7+ warns on every rank that it is deprecated; a user of an older torch
-sets it in cluster.yaml's env."""
+"""Collectives each rank's Flight Recorder keeps (a ring: the last 2000), for gloo and NCCL. NCCL's
+older name, TORCH_NCCL_TRACE_BUFFER_SIZE, is not set: torch 2.13 warns on every rank that it is
+deprecated; a user of a torch that reads only that name sets it in cluster.yaml's env."""
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 

@@ -50,6 +50,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from trainfleet.heartbeat import STEPPING_PHASES
 from trainfleet.procs import pid_start
 
 STEP_HISTORY = 20
@@ -78,8 +79,6 @@ class Progress:
         self.startup_timeout_s: float | None = None
         self.training_started_at: float | None = None
         """When the first plain step beat (no phase, or `training`) came; None in startup."""
-        self.from_startup: set[int] = set()
-        """Ranks whose last step came from a startup beat."""
         pid = os.getpid()
         self.launcher = {"host": socket.gethostname(), "pid": pid, "pid_start": pid_start(pid)}
 
@@ -88,11 +87,7 @@ class Progress:
         if row is None:
             return
         step = fields["step"]
-        startup_beat = self.training_started_at is None and fields.get("phase") not in (
-            None,
-            "training",
-        )
-        if self.training_started_at is None and not startup_beat:
+        if self.training_started_at is None and fields.get("phase") in STEPPING_PHASES:
             self.training_started_at = now
         if "phase" in fields and fields["phase"] != row.get("phase"):
             self.last_advance = now  # a new phase (saving, exporting) is progress too
@@ -101,16 +96,13 @@ class Progress:
             self.last_advance = now  # so is a long phase's advance (a save still writing)
         if row["step"] is None or step > row["step"]:
             # A step time is between two training steps, not from a startup beat to step 1.
-            after_step = row["step"] is not None and rank not in self.from_startup
-            if after_step and row["last_beat_at"] is not None:
-                per_step = (now - row["last_beat_at"]) / (step - row["step"])
+            last, training = row["last_beat_at"], self.training_started_at
+            timed = row["step"] is not None and last is not None and training is not None
+            if timed and last >= training:
+                per_step = (now - last) / (step - row["step"])
                 self.step_times[rank].append(round(per_step, 4))
             row["step"], row["last_beat_at"] = step, now
             self.last_advance = now
-            if startup_beat:
-                self.from_startup.add(rank)
-            else:
-                self.from_startup.discard(rank)
         for name in _FIELDS:
             if name in fields:
                 row[name] = fields[name]
@@ -134,16 +126,15 @@ class Progress:
         lowest = min(steps.values())
         return sorted(rank for rank, step in steps.items() if step == lowest)
 
+    def rank_rows(self) -> list[dict[str, Any]]:
+        """status.json's `ranks`: each rank's row with its recent step and busy times."""
+        return [
+            {**row, "step_times_s": list(self.step_times[rank]),
+             "busy_times_s": list(self.busy_times[rank])}
+            for rank, row in sorted(self.rows.items())
+        ]  # fmt: skip
+
     def to_json(self, *, state: str, now: float) -> dict[str, Any]:
-        ranks = []
-        for rank, row in sorted(self.rows.items()):
-            ranks.append(
-                {
-                    **row,
-                    "step_times_s": list(self.step_times[rank]),
-                    "busy_times_s": list(self.busy_times[rank]),
-                }
-            )
         return {
             "version": VERSION,
             "run_id": self.run_id,
@@ -155,7 +146,7 @@ class Progress:
             "startup_timeout_s": self.startup_timeout_s,
             "training_started_at": self.training_started_at,
             "nodes": self.nodes,
-            "ranks": ranks,
+            "ranks": self.rank_rows(),
             "hang": self.hang,
             "restarts": self.restarts,
             "launcher": self.launcher,

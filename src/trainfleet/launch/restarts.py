@@ -37,7 +37,7 @@ from trainfleet.errors import TrainfleetError
 from trainfleet.launch import launch, new_run_id, prepare
 from trainfleet.launch.backend import Plan
 from trainfleet.launch.plan import LaunchOptions
-from trainfleet.launch.supervisor import LaunchResult, RunState, channel_end
+from trainfleet.launch.supervisor import LaunchResult, RunState, channel_end, hang_headline
 
 RESTARTABLE = (RunState.FAILED, RunState.HUNG, RunState.STALLED)
 _DISK_FULL = re.compile(r"No space left on device|the next checkpoint needs about")
@@ -63,17 +63,8 @@ def end_cause(result: LaunchResult) -> Cause:
     if result.state is RunState.HUNG and result.hang:
         hang = result.hang
         behind = "; ".join(f"{b['node']} rank {b['rank']}: {b['where']}" for b in hang["behind"])
-        if hang.get("phase") == "startup":
-            return Cause(
-                FindingId.STARTUP_TIMEOUT,
-                f"no startup progress for {hang.get('stuck_s', 0):.0f} s, before the first"
-                f" step; {behind}",
-            )
-        return Cause(
-            FindingId.RANK_HUNG,
-            f"no rank advanced past step {hang.get('step')} for"
-            f" {hang.get('stuck_s', 0):.0f} s; {behind}",
-        )
+        finding, headline = hang_headline(hang)
+        return Cause(finding, f"{headline}; {behind}")
     if result.state is RunState.STALLED:
         missing = ", ".join(f"{node} (ranks {ranks})" for node, ranks in result.not_joined.items())
         return Cause(FindingId.RENDEZVOUS_TIMEOUT, f"not joined: {missing}")

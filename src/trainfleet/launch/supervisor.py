@@ -74,6 +74,14 @@ class RunState(enum.Enum):
     """Every rank had joined, then no rank advanced a step for the hang timeout."""
 
 
+def hang_headline(hang: dict) -> tuple[FindingId, str]:
+    """A HUNG run's finding id and what happened, from its `hang` dict (status.json's)."""
+    stuck = f"{hang.get('stuck_s', 0):.0f} s"
+    if hang.get("phase") == "startup":
+        return FindingId.STARTUP_TIMEOUT, f"no startup progress for {stuck}, before the first step"
+    return FindingId.RANK_HUNG, f"no rank advanced past step {hang.get('step')} for {stuck}"
+
+
 @dataclass(kw_only=True, slots=True)
 class LaunchResult:
     state: RunState
@@ -234,9 +242,7 @@ class _Run:
             return
         self.stragglers_checked = now
         progress = self.output.progress
-        rows = [{**row, "busy_times_s": list(progress.busy_times[rank])}
-                for rank, row in progress.rows.items()]  # fmt: skip
-        found = status_rules.stragglers(rows)
+        found = status_rules.stragglers(progress.rank_rows())
         for rank in sorted(set(found) - self.stragglers):
             row = found[rank]
             self.output.note(

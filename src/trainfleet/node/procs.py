@@ -8,6 +8,7 @@ watchdog fires.
     (False, False)
 """
 
+import json
 import os
 import shutil
 import signal
@@ -101,10 +102,11 @@ def flight_records(pids):
             try:
                 with open(path) as f:
                     text = f.read()
-            except OSError:
+                answer = json.loads(text)
+            except (OSError, ValueError):
                 continue
-            if '"request": "%s"' % token in text:
-                found[rank] = text.strip()
+            if isinstance(answer, dict) and answer.get("request") == token:
+                found[rank] = json.dumps(answer)  # one line
                 del where[rank]
     return found
 
@@ -122,7 +124,7 @@ def dump_stacks(ranks):
     for rank, pid in pids.items():
         print("@@rank " + rank + " pid " + pid)
         if rank in records:
-            print("@@flight " + records[rank].replace("\n", " "))
+            print("@@flight " + records[rank])
         try:
             with open("/proc/%s/status" % pid) as f:
                 print([line for line in f.read().splitlines() if line.startswith("State:")][0])

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainfleet.status.view import STEPPING_PHASES, fold_ranks
+from trainfleet.heartbeat import STEPPING_PHASES
+from trainfleet.status.view import fold_ranks
 
 MAX_RANK_ROWS = 16
 _RANK_HEAD = ("node", "rank", "step", "last beat", "tokens/s", "memory", "busy", "ETA", "loss")
@@ -170,9 +171,9 @@ def _hang(data: dict[str, Any]) -> list[str]:
             lines.append(f"  behind: {text}" + (f": {who['where']}" if who.get("where") else ""))
         else:
             lines.append(f"  behind: rank {who} ({nodes.get(who, '?')})")
-    for found in hang.get("collectives") or []:
+    if hang.get("collectives"):
         from trainfleet.launch.collectives import describe  # (launch's package imports status)
-
+    for found in hang.get("collectives") or []:
         if isinstance(found, dict):
             try:
                 lines.append(f"  stuck in {describe(found, nodes)}")

@@ -25,10 +25,10 @@ from __future__ import annotations
 from statistics import median
 from typing import Any
 
+from trainfleet.heartbeat import STEPPING_PHASES
 from trainfleet.status.human import duration
 from trainfleet.status.view import (
     LIVE_STATES,
-    STEPPING_PHASES,
     NodeRow,
     RankRow,
     StatusView,
@@ -190,9 +190,10 @@ def build_view(
         launcher=status.get("launcher"),
         hang_timeout_s=status.get("hang_timeout_s"),
         startup_timeout_s=status.get("startup_timeout_s"),
-        starting_up=status.get("training_started_at") is None
-        and any(r.step is not None for r in ranks)
-        and "training_started_at" in status,
+        # (a file from before startup was tracked has no training_started_at at all)
+        starting_up="training_started_at" in status
+        and status["training_started_at"] is None
+        and any(r.step is not None for r in ranks),
         step=min(steps, default=None),
         total_steps=max(totals, default=None),
         eta_s=max(etas, default=None),

@@ -13,8 +13,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 LIVE_STATES = ("starting", "running")
-STEPPING_PHASES = (None, "training")
-"""Phases in which a rank beats at every step; in another (a checkpoint save) it is not silent."""
 ENDED_STATES = ("done", "failed", "stalled", "hung", "interrupted")
 
 
