@@ -85,7 +85,8 @@ def test_hostfile_with_an_unreachable_node_fails_fast_and_names_it(make_sandbox,
 def test_exec_json_and_fold(make_sandbox, capsys):
     box = make_sandbox(nodes=3)
     assert main(["exec", "-c", str(box.cluster_file), "--fold", "--", "echo same"]) == 0
-    assert capsys.readouterr().out.strip() == "gpu-node-[1-3]: same"
+    out, err = capsys.readouterr()
+    assert out.strip() == "gpu-node-[1-3]: same", f"stderr: {err!r}"
     code = main(["exec", "-c", str(box.cluster_file), "--json", "--", "sh -c 'exit $((3 - 0))'"])
     doc = json.loads(capsys.readouterr().out)
     assert code == 3

@@ -63,6 +63,24 @@ def test_exec_fold_groups_equal_output(capsys):
     assert capsys.readouterr().out == "localhost,127.0.0.1: x\n"
 
 
+def test_exec_fold_keeps_equal_stdout_together_when_stderr_differs(capsys):
+    # Each process writes its own pid to stderr: stdout is the same, stderr differs.
+    argv = [
+        "exec",
+        "--fold",
+        "--hosts",
+        "localhost,127.0.0.1",
+        "--",
+        "sh",
+        "-c",
+        "echo x; echo $$ >&2",
+    ]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert out == "localhost,127.0.0.1: x\n"
+    assert [line.split(":")[0] for line in err.splitlines()] == ["localhost", "127.0.0.1"]
+
+
 def test_exec_timeout_exit_code(capsys):
     assert main(["exec", "--timeout", "0.3", "--", "sleep", "10"]) == 124
     assert "timed out" in capsys.readouterr().err

@@ -51,12 +51,17 @@ def _print_line(node: str, stream: str, line: str) -> None:
 
 
 def _print_folded(results: list[NodeResult]) -> None:
+    """Each stream folded on its own: one node's stray stderr line (an ssh warning, say) must
+    not split the nodes whose stdout is the same."""
     from trainfleet.nodeset import fold_groups
 
-    outputs = {r.node: (r.stdout, r.stderr) for r in results if not r.failure.is_connection_failure}
-    for names, (stdout, stderr) in fold_groups(outputs):
-        for line in stdout.splitlines() or ([] if stderr else [""]):
+    answered = [r for r in results if not r.failure.is_connection_failure]
+    # A node that printed nothing at all still gets its (empty) line.
+    silent_or_stdout = {r.node: r.stdout for r in answered if r.stdout or not r.stderr}
+    for names, stdout in fold_groups(silent_or_stdout):
+        for line in stdout.splitlines() or [""]:
             print(f"{names}: {line}")
+    for names, stderr in fold_groups({r.node: r.stderr for r in answered if r.stderr}):
         for line in stderr.splitlines():
             print(f"{names}: {line}", file=sys.stderr)
 
