@@ -53,7 +53,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME[@NODE]",
         help="inject a fault (repeatable; list below)",
     )
-    up.add_argument("--subnet", help="IPv4 /24 for the nodes (default: derived from --name)")
+    up.add_argument(
+        "--subnet",
+        help="IPv4 /24 for the nodes (default: one derived from --name, or the next free one)",
+    )
     up.add_argument("--master-port", type=int, default=29500)
     up.add_argument(
         "--login-shell",

@@ -8,6 +8,8 @@ then the faults asked for. On any failure, whatever was made is removed again.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import ipaddress
 import json
 import os
@@ -118,34 +120,65 @@ def up(
         raise SandboxError(f"login shell {login_shell} is not an executable", "use e.g. /bin/sh")
     netns.require_root_and_netns()
     check_name(name)
-    if load(name) is not None or any(ns.startswith(f"tf-{name}-") for ns in netns.netns_list()):
-        raise SandboxError(
-            f"sandbox {name!r} is already up", f"run `trainfleet sandbox down --name {name}` first"
+    # One `up` at a time on this machine: each picks its subnet from those still free.
+    with _one_up_at_a_time():
+        if load(name) is not None or any(ns.startswith(f"tf-{name}-") for ns in netns.netns_list()):
+            raise SandboxError(
+                f"sandbox {name!r} is already up",
+                f"run `trainfleet sandbox down --name {name}` first",
+            )
+        subnet = _free_subnet(name, subnet)
+        planned = plan_nodes(name, nodes, ifnames, subnet)
+        hostnames = [n.hostname for n in planned]
+        parsed = [parse_fault(f, hostnames) for f in faults]
+        sandbox = Sandbox(
+            name=name,
+            state_dir=state_root() / name,
+            subnet=subnet,
+            bridge=f"tfbr-{name}",
+            nodes=planned,
+            faults=parsed,
+            slots=slots,
+            master_port=master_port,
+            login_shell=login_shell,
+            node_local_dir=node_local_dir,
+            auth=auth,
         )
-    subnet = subnet or default_subnet(name)
-    planned = plan_nodes(name, nodes, ifnames, subnet)
-    hostnames = [n.hostname for n in planned]
-    parsed = [parse_fault(f, hostnames) for f in faults]
-    state_dir = state_root() / name
-    sandbox = Sandbox(
-        name=name,
-        state_dir=state_dir,
-        subnet=subnet,
-        bridge=f"tfbr-{name}",
-        nodes=planned,
-        faults=parsed,
-        slots=slots,
-        master_port=master_port,
-        login_shell=login_shell,
-        node_local_dir=node_local_dir,
-        auth=auth,
-    )
-    try:
-        _build(sandbox)
-    except BaseException:
-        down(name)
-        raise
+        try:
+            _build(sandbox)
+        except BaseException:
+            down(name)
+            raise
     return sandbox
+
+
+@contextlib.contextmanager
+def _one_up_at_a_time():
+    state_root().mkdir(parents=True, exist_ok=True)
+    with open(state_root() / ".up.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _free_subnet(name: str, asked: str | None) -> str:
+    """The subnet asked for, if nothing on this machine overlaps it, else the name's default
+    /24 or the next free one."""
+    taken = netns.ipv4_networks()
+    if asked is None:
+        return default_subnet(name, taken)
+    try:
+        subnet = ipaddress.ip_network(asked)
+    except ValueError as exc:
+        raise SandboxError(
+            f"--subnet {asked!r} is not a network ({exc})", "use e.g. 10.99.0.0/24"
+        ) from None
+    clash = next((net for net in taken if subnet.overlaps(net)), None)
+    if clash is not None:
+        raise SandboxError(
+            f"subnet {asked} overlaps {clash}, already on an interface of this machine",
+            "give another --subnet, or leave it out to get a free one",
+        )
+    return asked
 
 
 def _faulted(sandbox: Sandbox, fault_name: str) -> set[int]:

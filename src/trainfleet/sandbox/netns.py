@@ -9,6 +9,7 @@ decides what to run.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import shutil
 import signal
@@ -37,6 +38,16 @@ def run(argv: Sequence[str], *, check: bool = True, timeout: float = 30) -> str:
             "run `trainfleet sandbox down` to clean up, then try again",
         )
     return proc.stdout
+
+
+def ipv4_networks() -> list[ipaddress.IPv4Network]:
+    """The IPv4 networks of this machine's interfaces (`ip -o -4 addr show`)."""
+    networks = []
+    for line in run(["ip", "-o", "-4", "addr", "show"]).splitlines():
+        words = line.split()
+        if "inet" in words[:-1]:
+            networks.append(ipaddress.ip_interface(words[words.index("inet") + 1]).network)
+    return networks
 
 
 _INSTALL_HINT = "apt-get install openssh-server openssh-client iproute2 iptables (as root)"

@@ -9,6 +9,7 @@ where to find it.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import re
@@ -127,9 +128,24 @@ def check_name(name: str) -> str:
     return name
 
 
-def default_subnet(name: str) -> str:
-    """A /24 per sandbox name, so that several sandboxes can be up side by side."""
-    return f"10.213.{zlib.crc32(name.encode()) % 250 + 1}.0/24"
+def default_subnet(name: str, taken: Sequence[ipaddress.IPv4Network] = ()) -> str:
+    """A /24 per sandbox name, so that several sandboxes can be up side by side: 10.213.X.0/24
+    with X from the name, or the next X whose /24 overlaps nothing in `taken` (the networks
+    already on this machine's interfaces: two names can hash alike, and two bridges with one
+    subnet would route one sandbox's packets into the other).
+
+        >>> default_subnet("tf", [ipaddress.ip_network("10.213.93.0/24")])
+        '10.213.94.0/24'
+    """
+    first = zlib.crc32(name.encode()) % 250
+    for step in range(250):
+        subnet = ipaddress.ip_network(f"10.213.{(first + step) % 250 + 1}.0/24")
+        if not any(subnet.overlaps(net) for net in taken):
+            return str(subnet)
+    raise SandboxError(
+        "every 10.213.X.0/24 is in use on this machine",
+        "take sandboxes down (`trainfleet sandbox down --name NAME`) or give --subnet",
+    )
 
 
 def load(name: str = DEFAULT_NAME) -> Sandbox | None:
