@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import itertools
 import os
-import re
 import shutil
 import signal
 import subprocess
 import sys
 import warnings
+from pathlib import Path
 
 import pytest
+
+from session_scope import TEST_SANDBOX, own_sandbox_name, own_sandboxes_up, sandboxes_up
 
 
 def _cluster_tier_missing() -> str | None:
@@ -41,52 +43,77 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason=f"cluster tier: {missing}"))
 
 
-TEST_SANDBOX = re.compile(r"^(?:[tm]\d{7}|c\d{4}ref|setup\d+)$")
-"""Names the tests give their sandboxes (make_sandbox, module_sandbox, chaos's reference,
-test_setup's boxes); a user's sandbox is never named so by the tests' own hands."""
-_UP_AT_START = pytest.StashKey[set]()
-
-
-def _sandboxes_up() -> set[str]:
-    """Every sandbox with a state dir or a namespace on this machine (tf-NAME-N)."""
-    from trainfleet.sandbox import netns, state
-
-    root = state.state_root()
-    names = {p.name for p in root.iterdir() if p.is_dir()} if root.is_dir() else set()
-    return names | {ns[3:].rsplit("-", 1)[0] for ns in netns.netns_list() if ns.startswith("tf-")}
-
-
 def _interrupted(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+_SESSIONS_LOCK = "/run/trainfleet-test-sessions.lock"
+"""Every process running cluster tests holds this lock shared for its whole session; the one
+that gets it exclusively first is alone, and only then may it take down test sandboxes that
+are not its own (those a killed session left)."""
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """A session with cluster tests first takes down what a killed session left."""
+    """A session with cluster tests takes down first what a killed session left, if no other
+    test session (another xdist worker, another checkout's run) is running beside it."""
     if _cluster_tier_missing() or not any("cluster" in i.keywords for i in session.items):
         return
+    import fcntl
+
     from trainfleet import sandbox
 
-    left = sorted(name for name in _sandboxes_up() if TEST_SANDBOX.match(name))
-    for name in left:
-        sandbox.down(name)
-    if left:
-        warnings.warn(f"an earlier test session left sandboxes, now down: {left}", stacklevel=1)
-    session.config.stash[_UP_AT_START] = _sandboxes_up()
+    lock = open(_SESSIONS_LOCK, "w")  # held until the process ends
+    session.config.stash[_SESSIONS_LOCK_KEY] = lock
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        alone = False
+    else:
+        alone = True
+    if alone:
+        left = sorted(name for name in sandboxes_up() if TEST_SANDBOX.match(name))
+        for name in left:
+            sandbox.down(name)
+        if left:
+            warnings.warn(f"an earlier test session left sandboxes, now down: {left}", stacklevel=1)
+    fcntl.flock(lock, fcntl.LOCK_SH)
+    session.config.stash[_OWN_SANDBOXES] = True
     signal.signal(signal.SIGTERM, _interrupted)  # so that pytest_sessionfinish runs
 
 
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Down every sandbox this session brought up and left, failed tests' included."""
-    before = session.config.stash.get(_UP_AT_START, None)
-    if before is None:
-        return
-    from trainfleet import sandbox
+_SESSIONS_LOCK_KEY = pytest.StashKey[object]()
+_OWN_SANDBOXES = pytest.StashKey[bool]()
+_TOKENS_AT_START = pytest.StashKey[set]()
+_DOCTOR_TOKENS = ".trainfleet-doctor-*"
 
-    left = sorted(_sandboxes_up() - before)
-    for name in left:
-        sandbox.down(name)
-    if left:
-        print(f"\ntests left sandboxes up; now down: {left}", file=sys.stderr)
+
+def _is_xdist_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if not _is_xdist_worker(session.config):
+        session.config.stash[_TOKENS_AT_START] = set(Path.cwd().glob(_DOCTOR_TOKENS))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Down every sandbox of this process left up, failed tests' included. Then, once all
+    workers are done: doctor's shared-storage tokens (.trainfleet-doctor-RUN_ID) are removed by
+    every run, and a run that left one in the directory the tests run from fails the session."""
+    if session.config.stash.get(_OWN_SANDBOXES, False):
+        from trainfleet import sandbox
+
+        left = own_sandboxes_up()
+        for name in left:
+            sandbox.down(name)
+        if left:
+            print(f"\ntests left sandboxes up; now down: {left}", file=sys.stderr)
+    before = session.config.stash.get(_TOKENS_AT_START, None)
+    if before is not None:
+        left = sorted(str(p) for p in set(Path.cwd().glob(_DOCTOR_TOKENS)) - before)
+        if left:
+            print(f"\ndoctor runs left their tokens behind: {left}", file=sys.stderr)
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 JIT_OPS = {"deepspeed_shm_comm": "ShareMemCommBuilder", "fused_adam": "FusedAdamBuilder"}
@@ -149,25 +176,13 @@ def make_sandbox():
     made: list[str] = []
 
     def _make(**kwargs):
-        name = f"t{os.getpid() % 1000:03d}{next(_names):04d}"  # unique, 8 chars
+        name = own_sandbox_name("t", f"{next(_names):04d}")
         made.append(name)
         return sandbox.up(name=name, **kwargs)
 
     yield _make
     for name in made:
         sandbox.down(name)
-
-
-@pytest.fixture(scope="session", autouse=True)
-def no_doctor_tokens_left_in_the_launch_directory():
-    """Doctor's shared-storage tokens (.trainfleet-doctor-RUN_ID) are removed by every run; a
-    run that leaves one in the directory the tests run from fails the session here."""
-    from pathlib import Path
-
-    before = set(Path.cwd().glob(".trainfleet-doctor-*"))
-    yield
-    left = sorted(str(p) for p in set(Path.cwd().glob(".trainfleet-doctor-*")) - before)
-    assert not left, f"doctor runs left their tokens behind: {left}"
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import itertools
-import os
 import time
 from pathlib import Path
 
 import pytest
 from train_jobs import train_job_processes
+
+from session_scope import own_sandbox_name
 
 
 @pytest.fixture
@@ -41,7 +42,7 @@ def module_sandbox(request):
     shaped by the module's SANDBOX dict (`sandbox.up`'s arguments); down after the module."""
     from trainfleet import sandbox
 
-    name = f"m{os.getpid() % 1000:03d}{next(_module_names):04d}"  # unique, 8 chars
+    name = own_sandbox_name("m", f"{next(_module_names):04d}")
     made = sandbox.up(name=name, **request.module.SANDBOX)
     try:
         yield made

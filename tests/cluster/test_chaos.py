@@ -23,6 +23,7 @@ import pytest
 import train_jobs
 from train_jobs import train_job_processes
 
+from session_scope import own_sandbox_name
 from trainfleet.procs import cmdline
 from trainfleet.train.checkpoints import tree_bytes
 
@@ -99,7 +100,7 @@ def reference(assets, tmp_path_factory) -> dict[int, float]:
     from trainfleet import sandbox
 
     output = tmp_path_factory.mktemp("reference")
-    box = sandbox.up(name=f"c{os.getpid() % 10000:04d}ref", nodes=2, slots=1, login_shell=SHELL)
+    box = sandbox.up(name=own_sandbox_name("c", "ref"), nodes=2, slots=1, login_shell=SHELL)
     try:
         run = Train(box.cluster_file, assets, output)
         assert run.finish() == 0, run.text()

@@ -9,10 +9,10 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
+from session_scope import own_cmdlines
 from trainfleet.cli.main import main
 
 pytestmark = pytest.mark.cluster
@@ -61,15 +61,7 @@ def test_clean_cluster_every_op_correct_no_slow_link_and_a_plot(make_sandbox, tm
 
 
 def _worker_processes() -> list[str]:
-    found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if "trainfleet.commtest.worker" in text:
-            found.append(text)
-    return found
+    return [c for c in own_cmdlines().values() if "trainfleet.commtest.worker" in c]
 
 
 def test_a_shaped_link_is_named_and_the_sizes_it_cannot_carry_in_the_budget_are_skipped(

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from session_scope import own_cmdlines
 from trainfleet.examples import ALLREDUCE as ALLREDUCE_SCRIPT
 from trainfleet.examples import HEARTBEAT_LOOP
-from trainfleet.procs import cmdlines
 
 pytestmark = pytest.mark.cluster
 
@@ -71,10 +71,10 @@ def _finish(proc, timeout=180) -> tuple[int, str]:
 
 
 def _job_processes() -> list[str]:
-    """Command lines of any bootstrap, torchrun or rank of a launch still running anywhere on
-    this machine (every sandbox node shares its process table)."""
+    """Command lines of any bootstrap, torchrun or rank of a launch this test process started,
+    still running here or on its sandboxes' nodes (they share this machine's process table)."""
     marks = ("trainfleet-bootstrap", str(SCRIPTS), ALLREDUCE, str(HEARTBEAT_LOOP))
-    return [f"{pid}: {c[:200]}" for pid, c in cmdlines().items() if any(m in c for m in marks)]
+    return [f"{pid}: {c[:200]}" for pid, c in own_cmdlines().items() if any(m in c for m in marks)]
 
 
 _running: list[subprocess.Popen] = []

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from session_scope import own_sandbox_name
 from trainfleet import sandbox
 from trainfleet.cli.main import main
 from trainfleet.cluster import load_cluster
@@ -115,6 +116,33 @@ def test_up_refuses_a_second_sandbox_of_the_same_name(make_sandbox):
     with pytest.raises(SandboxError) as err:
         sandbox.up(nodes=1, name=box.name)
     assert "already up" in err.value.what
+
+
+def test_two_sandboxes_whose_names_map_to_one_subnet_each_get_their_own(make_sandbox):
+    """Names hash to 250 subnets: two alike must not put two bridges on one /24, where one
+    sandbox's packets would go to the other's nodes."""
+    by_subnet: dict[str, str] = {}
+    for number in range(9000, 9999):
+        name = own_sandbox_name("t", str(number))
+        twin = by_subnet.setdefault(sandbox.state.default_subnet(name), name)
+        if twin != name:
+            break
+    boxes: list[sandbox.Sandbox] = []
+    try:
+        for each in (twin, name):
+            boxes.append(sandbox.up(name=each, nodes=2))
+        assert boxes[0].subnet != boxes[1].subnet
+        for box in boxes:
+            results = run_on_nodes(
+                load_cluster(cluster_file=str(box.cluster_file)).nodes, ["hostname"]
+            )
+            assert [r.stdout for r in results] == ["gpu-node-1\n", "gpu-node-2\n"], box.name
+        with pytest.raises(SandboxError) as err:  # a subnet asked for that is in use
+            make_sandbox(nodes=1, subnet=boxes[0].subnet)
+        assert f"overlaps {boxes[0].subnet}" in err.value.what
+    finally:
+        for box in boxes:
+            sandbox.down(box.name)
 
 
 def test_status_reports_nodes(make_sandbox, capsys):

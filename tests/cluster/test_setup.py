@@ -2,8 +2,7 @@
 password, a changed host key, a firewall that drops NCCL's ports, nodes without shared
 storage. Each step must end in a clean doctor, and a second run must change nothing.
 
-The sandboxes are named setup1..setup5 on 10.219.K.0/24: no other test module uses those
-names or that range. The user's own ~/.ssh is never read or written (checked after each test).
+The user's own ~/.ssh is never read or written (checked after each test).
 """
 
 from __future__ import annotations
@@ -20,6 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from session_scope import own_sandbox_name
 from trainfleet import sandbox
 from trainfleet.cli.main import main
 from trainfleet.cluster import load_cluster
@@ -52,10 +52,9 @@ def make_box():
     made: list[str] = []
 
     def _make(index: int, **kwargs) -> sandbox.Sandbox:
-        name = f"setup{index}"
-        sandbox.down(name)  # what an interrupted run left
+        name = own_sandbox_name("s", f"{index:04d}")
         made.append(name)
-        return sandbox.up(name=name, subnet=f"10.219.{index}.0/24", **kwargs)
+        return sandbox.up(name=name, **kwargs)
 
     yield _make
     for name in made:

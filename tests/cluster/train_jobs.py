@@ -7,7 +7,7 @@ import importlib.util
 
 import pytest
 
-from trainfleet.procs import cmdlines
+from session_scope import own_cmdlines
 
 PYTESTMARK = [
     pytest.mark.cluster,
@@ -20,7 +20,8 @@ PYTESTMARK = [
 
 
 def train_job_processes() -> list[str]:
-    """`pid: cmdline` of every rank, torchrun agent or bootstrap of a train job still running
-    anywhere on this machine (every sandbox node shares its process table)."""
+    """`pid: cmdline` of every rank, torchrun agent or bootstrap of a train job this test
+    process started, still running here or on one of its sandboxes' nodes (every sandbox node
+    shares this machine's process table)."""
     marks = ("trainfleet.train.worker", "trainfleet-bootstrap")
-    return [f"{pid}: {c[:120]}" for pid, c in cmdlines().items() if any(m in c for m in marks)]
+    return [f"{pid}: {c[:120]}" for pid, c in own_cmdlines().items() if any(m in c for m in marks)]
