@@ -99,17 +99,22 @@ system: $(SYSSTAMP)
 demo: $(STAMP) $(SYSSTAMP)
 	$(BIN)/python -m trainfleet.demo
 
-# The unit tier runs on both cores (pytest-xdist); the cluster tier one test at a time, since
-# its sandboxes share this machine's processes, ports and timing.
+# The unit tier runs on both cores (pytest-xdist). The cluster tier runs two test files at a
+# time (each worker checks and cleans up only its own sandboxes and processes: tests/
+# session_scope.py), then alone the tests marked `serial`, which compare speeds and would read
+# the other worker's load as a slow node.
+CLUSTER_PARALLEL = -n 2 --dist loadfile -m "cluster and not serial"
 test: $(STAMP) $(SYSSTAMP) $(LF_STAMP) $(AX_STAMP)
 	$(BIN)/python -m pytest -q -n 2 -m "not cluster" tests
-	$(BIN)/python -m pytest -q -m cluster tests
+	$(BIN)/python -m pytest -q $(CLUSTER_PARALLEL) tests
+	$(BIN)/python -m pytest -q -m "cluster and serial" tests
 
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 -m "not cluster" tests
 
 test-cluster: $(STAMP) $(SYSSTAMP) $(LF_STAMP) $(AX_STAMP)
-	$(BIN)/python -m pytest -q -m cluster tests
+	$(BIN)/python -m pytest -q $(CLUSTER_PARALLEL) tests
+	$(BIN)/python -m pytest -q -m "cluster and serial" tests
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench examples

@@ -35,6 +35,7 @@ def _commtest(cluster_file, tmp_path, capsys, *extra):
     return code, json.loads(out), err
 
 
+@pytest.mark.serial
 def test_clean_cluster_every_op_correct_no_slow_link_and_a_plot(make_sandbox, tmp_path, capsys):
     box = make_sandbox(nodes=3, ifnames=["ens14f0", "ens14f1", "ens14f2"], slots=2)
     plot = tmp_path / "busbw.png"
@@ -64,6 +65,7 @@ def _worker_processes() -> list[str]:
     return [c for c in own_cmdlines().values() if "trainfleet.commtest.worker" in c]
 
 
+@pytest.mark.serial
 def test_a_shaped_link_is_named_and_the_sizes_it_cannot_carry_in_the_budget_are_skipped(
     make_sandbox, tmp_path, capsys
 ):

@@ -362,6 +362,7 @@ def _status_json(run_dir: Path) -> tuple[int, dict | None]:
     return done.returncode, json.loads(done.stdout) if done.stdout.strip() else None
 
 
+@pytest.mark.serial
 def test_a_node_throttled_mid_run_is_named_a_straggler_and_nothing_before_it_is(
     make_sandbox, tmp_path
 ):
@@ -412,6 +413,7 @@ def test_a_node_throttled_mid_run_is_named_a_straggler_and_nothing_before_it_is(
     assert proc.wait(timeout=60) == 130
 
 
+@pytest.mark.serial
 def test_status_from_another_terminal_names_the_slow_rank_while_the_job_runs(
     make_sandbox, tmp_path
 ):
