@@ -83,6 +83,20 @@ def test_tcp_check_refused_is_retried_until_the_deadline():
     assert 0.4 <= time.time() - start < 1.5
 
 
+def test_tcp_check_a_timeout_counts_only_when_the_attempt_had_its_whole_bound():
+    with _listener() as sock:  # its accept queue full: further handshakes get no answer
+        sock.listen(0)
+        port = sock.getsockname()[1]
+        queued = [socket.create_connection(("127.0.0.1", port), timeout=1) for _ in range(1)]
+        try:
+            assert peers.tcp_check("127.0.0.1", port, time.time() + 2, 0.5)[0] == "timeout"
+            # The deadline leaves 0.2 s of a 0.5 s bound: a loaded probe, not a dropped port.
+            assert peers.tcp_check("127.0.0.1", port, time.time() + 0.2, 0.5)[0] == "late"
+        finally:
+            for conn in queued:
+                conn.close()
+
+
 def test_listeners_measure_a_stream_and_report_a_port_in_use():
     with _listener("0.0.0.0") as taken:
         busy = taken.getsockname()[1]

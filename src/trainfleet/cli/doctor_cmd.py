@@ -36,6 +36,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="skip the slow parts (imports of torch & co., node-to-node ssh, code hash)",
     )
     parser.add_argument(
+        "--all-pairs",
+        action="store_true",
+        help="every node tests every node (TCP and ssh) however many there are; by default,"
+        " beyond 16 nodes each node tests the master and log2(N) others",
+    )
+    parser.add_argument(
         "--fix",
         action="store_true",
         help="then make the safe, reversible changes for what was found, after showing them",
@@ -63,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         cluster = cluster_from_args(args)
-        report = run_doctor(cluster, quick=args.quick)
+        report = run_doctor(cluster, quick=args.quick, all_pairs=args.all_pairs)
     except TrainfleetError as exc:
         print(f"trainfleet doctor: {exc}", file=sys.stderr)
         return 2
@@ -82,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
         print("\n".join(applied), file=out)
         print("\nrunning doctor again:", file=out)
         cluster = cluster_from_args(args)  # the cluster.yaml may have changed
-        fixed = run_doctor(cluster, quick=args.quick)
+        fixed = run_doctor(cluster, quick=args.quick, all_pairs=args.all_pairs)
         if not args.json:
             print(render(fixed))
     if args.json:

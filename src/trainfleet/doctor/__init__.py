@@ -101,12 +101,18 @@ def node_summaries(survey: Survey) -> dict[str, dict]:
 
 
 def run_doctor(
-    cluster: Cluster, *, quick: bool = False, seed: int | None = None, read_only: bool = False
+    cluster: Cluster,
+    *,
+    quick: bool = False,
+    seed: int | None = None,
+    read_only: bool = False,
+    all_pairs: bool = False,
 ) -> DoctorReport:
     """Probe every node, run every check, and return the report. `read_only`: nothing is
-    written on any node (no shared-storage check)."""
+    written on any node (no shared-storage check); `all_pairs`: every node tests every node,
+    however many (`collect.FULL_MATRIX_UP_TO`)."""
     started = time.time()
-    survey = collect(cluster, quick=quick, seed=seed, read_only=read_only)
+    survey = collect(cluster, quick=quick, seed=seed, read_only=read_only, all_pairs=all_pairs)
     finished = time.time()
     phases = {"probe": finished - started}
     findings = run_checks(survey, started=started, finished=finished)

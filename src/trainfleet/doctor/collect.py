@@ -29,7 +29,20 @@ PORTS_PER_NODE = 2
 PAIR_CONNECT_TIMEOUT_S = 3
 """How long a peer connect may take before it counts as dropped by a firewall."""
 START_SKEW_S = 2
-"""How long a probe keeps listening after its own tests, for peers that started later."""
+"""How long a probe keeps listening after its own tests, for peers that started later..."""
+SKEW_SECONDS_PER_NODE = 0.1
+"""...plus this per node: the launch node starts one ssh session per node, so the last probe
+starts later on a larger cluster (on a clean cluster the probes stop waiting as soon as every
+peer got through, so this costs nothing there)."""
+FULL_MATRIX_UP_TO = 16
+"""Up to this many nodes, every node tests every node (TCP to each port it listens on, and
+ssh). Beyond, each node tests the master and the nodes 1, 2, 4, 8, ... places after it in the
+cluster's order, and the master tests every node: each node is still the source and the target
+of log2(N) + 1 tests or more, so a node that cannot reach or cannot be reached is named by
+several peers, while the tests per node grow as log N, not N (32 nodes: 6 peers each instead of
+31; 64: 7 instead of 63). Whatever launches the job connects every rank to the master, and
+DeepSpeed's pdsh runner ssh's from the master to every node: both are tested in full.
+`--all-pairs` tests every pair whatever the size."""
 PEER_SSH_TIMEOUT_S = 10
 """ssh's ConnectTimeout node to node (the probe stops such an ssh after PEER_SSH_LIMIT_S)."""
 PEER_SSH_LIMIT_S = 25
@@ -88,6 +101,32 @@ def _peer_ssh_argv(peer: Node) -> list[str]:
     return ["ssh", *options, "-oStrictHostKeyChecking=yes", "-N", "-v", "--", peer.host]
 
 
+def peer_sample(hosts: list[str], master: str, *, all_pairs: bool = False) -> dict[str, list[str]]:
+    """Which peers each node tests (FULL_MATRIX_UP_TO); each list includes the node itself
+    (its ssh to itself), in the cluster's order.
+
+        >>> sample = peer_sample([f"n{i}" for i in range(32)], "n0")
+        >>> sample["n5"]
+        ['n0', 'n5', 'n6', 'n7', 'n9', 'n13', 'n21']
+        >>> len(sample["n0"]), min(sum(h in s for s in sample.values()) for h in sample)
+        (32, 6)
+    """
+    if all_pairs or len(hosts) <= FULL_MATRIX_UP_TO:
+        return {host: list(hosts) for host in hosts}
+    sample = {}
+    for i, host in enumerate(hosts):
+        if host == master:
+            sample[host] = list(hosts)
+            continue
+        chosen = {i, hosts.index(master)} if master in hosts else {i}
+        step = 1
+        while step < len(hosts):
+            chosen.add((i + step) % len(hosts))
+            step *= 2
+        sample[host] = [hosts[j] for j in sorted(chosen)]
+    return sample
+
+
 def plan_params(
     cluster: Cluster,
     addresses: dict[str, str | None],
@@ -95,6 +134,7 @@ def plan_params(
     quick: bool,
     rng: random.Random,
     read_only: bool = False,
+    all_pairs: bool = False,
 ) -> tuple[dict[str, dict], dict[str, list[int]]]:
     """The probe parameters for every node (pure but for `rng`). `read_only`: the probes write
     nothing on the nodes (no shared-storage token, so no shared-storage facts)."""
@@ -105,15 +145,23 @@ def plan_params(
         n.host: ports[n.host] + ([master_port] if n.host == cluster.master else [])
         for n in cluster.nodes
     }
-    peers = [
-        {
+    peers = {
+        n.host: {
             "node": n.host,
             "address": addresses[n.host],
             "ports": listen[n.host],
             "ssh_argv": None if quick else _peer_ssh_argv(n),
         }
         for n in cluster.nodes
-    ]
+    }
+    hosts = [n.host for n in cluster.nodes]
+    sample = peer_sample(hosts, cluster.master, all_pairs=all_pairs)
+    # Each listener waits for exactly the connections the sample sends it.
+    inbound = dict.fromkeys(hosts, 0)
+    for src, targets in sample.items():
+        for dst in targets:
+            if dst != src and addresses[src]:
+                inbound[dst] += len(listen[dst])
     multi = len(cluster.nodes) > 1
     # Bandwidth in a ring, all links at once: node i streams to node i+1 (O(1) rounds).
     ring = [n.host for n in cluster.nodes if addresses[n.host]]
@@ -132,12 +180,14 @@ def plan_params(
             "client_addresses": sorted({a for a in addresses.values() if a and ":" not in a})
             if multi and node.host == cluster.master
             else [],
-            "peers": [p for p in peers if p["address"]] if multi else [],
+            "peers": [p for p in peers.values() if p["address"]] if multi else [],
+            "test_peers": sample[node.host],
+            "inbound": inbound[node.host],
             "quick": quick,
             "share_token": not read_only,
             "extensions_dir": node.env.get("TORCH_EXTENSIONS_DIR"),
             "connect_timeout": PAIR_CONNECT_TIMEOUT_S,
-            "skew": START_SKEW_S,
+            "skew": START_SKEW_S + SKEW_SECONDS_PER_NODE * len(cluster.nodes),
             "import_timeout": IMPORT_TIMEOUT_S,
             "ssh_timeout": PEER_SSH_LIMIT_S,
             "bandwidth_to": {
@@ -154,13 +204,21 @@ def plan_params(
 
 
 def collect(
-    cluster: Cluster, *, quick: bool = False, seed: int | None = None, read_only: bool = False
+    cluster: Cluster,
+    *,
+    quick: bool = False,
+    seed: int | None = None,
+    read_only: bool = False,
+    all_pairs: bool = False,
 ) -> Survey:
     """Run the probe on every node at once and return what came back; with `read_only` the
-    probes write nothing anywhere (what `launch --dry-run` promises)."""
+    probes write nothing anywhere (what `launch --dry-run` promises); `all_pairs`: every node
+    tests every node however many there are (FULL_MATRIX_UP_TO)."""
     addresses = node_addresses(cluster)
     rng = random.Random(seed if seed is not None else secrets.randbits(64))
-    params, ports = plan_params(cluster, addresses, quick=quick, rng=rng, read_only=read_only)
+    params, ports = plan_params(
+        cluster, addresses, quick=quick, rng=rng, read_only=read_only, all_pairs=all_pairs
+    )
     survey = Survey(
         cluster=cluster,
         addresses=addresses,
@@ -171,8 +229,9 @@ def collect(
     )
     argv = {n.host: _probe_argv(n) for n in cluster.nodes}
     payloads = {host: node_programs.line("probe", "main", p) for host, p in params.items()}
-    budget = PAIR_CONNECT_TIMEOUT_S + 2 * START_SKEW_S + (5 if quick else PEER_SSH_LIMIT_S + 20)
-    if not quick:  # each probe makes N ssh handshakes: more time when N is large
+    skew = START_SKEW_S + SKEW_SECONDS_PER_NODE * len(cluster.nodes)
+    budget = PAIR_CONNECT_TIMEOUT_S + 2 * skew + (5 if quick else PEER_SSH_LIMIT_S + 20)
+    if not quick:  # the master's probe makes N ssh handshakes: more time when N is large
         budget += PROBE_SECONDS_PER_NODE * len(cluster.nodes)
     results = run_on_nodes(cluster.nodes, argv, stdin=payloads, timeout=budget)
     for node, result in zip(cluster.nodes, results, strict=True):

@@ -104,8 +104,11 @@ def send_stream(address, port, seconds):
 
 def tcp_check(address, port, deadline, attempt_timeout):
     """('open' or why not, time of the last attempt). Refused is retried until the deadline:
-    the peer's probe may not listen yet (its ssh session can start seconds later)."""
-    last = "timeout"
+    the peer's probe may not listen yet (its ssh session can start seconds later). An attempt
+    the deadline cut short of its own timeout proves nothing more than the refusals before it,
+    and with none before it the answer is 'late' (this probe's thread started too late to
+    test: a loaded node), which is no finding."""
+    last = "late"
     while True:
         remaining = deadline - time.time()
         if remaining <= 0:
@@ -116,7 +119,7 @@ def tcp_check(address, port, deadline, attempt_timeout):
             ).close()
             return "open", time.time()
         except TimeoutError:
-            return "timeout", time.time()
+            return ("timeout" if remaining >= attempt_timeout else last), time.time()
         except ConnectionRefusedError:
             last = "refused"
         except OSError as exc:
@@ -195,7 +198,10 @@ def active_tests(params, results):
         with ssh_slots:
             ssh[peer["node"]] = ssh_check(peer["ssh_argv"], params.get("ssh_timeout", 25))
 
+    tested = set(params.get("test_peers") or [p["node"] for p in params["peers"]])
     for peer in params["peers"]:
+        if peer["node"] not in tested:
+            continue
         if peer["node"] != params["node"]:
             for port in peer["ports"]:
                 threads.append(threading.Thread(target=do_tcp, args=(peer, port)))

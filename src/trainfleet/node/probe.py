@@ -109,8 +109,9 @@ def main(params):
             target["address"], target["port"], params.get("bandwidth_seconds", 0.3)
         )
     others = [p for p in params.get("peers", []) if p["node"] != me]
+    inbound = params.get("inbound", len(others) * len(listeners.sockets))
     listeners.close_when(
-        len(others) * len(listeners.sockets) + (1 if params.get("bandwidth_from") else 0),
+        inbound + (1 if params.get("bandwidth_from") else 0),
         started + params.get("connect_timeout", 3) + 2 * params.get("skew", 2),
     )
     active["listen"] = listeners.status

@@ -59,7 +59,7 @@ def check_firewall(survey: Survey) -> list[Finding]:
             listening = target.listen
             since, until = target.listen_since, target.listen_until
             for port, status in ports.items():
-                if status == "open" or listening.get(port) != "listening":
+                if status in ("open", "late") or listening.get(port) != "listening":
                     continue
                 last = attempts.get(dst, {}).get(port)
                 outside = last and (
