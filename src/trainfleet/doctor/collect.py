@@ -34,6 +34,12 @@ SKEW_SECONDS_PER_NODE = 0.1
 """...plus this per node: the launch node starts one ssh session per node, so the last probe
 starts later on a larger cluster (on a clean cluster the probes stop waiting as soon as every
 peer got through, so this costs nothing there)."""
+
+
+def start_skew(count: int) -> float:
+    return START_SKEW_S + SKEW_SECONDS_PER_NODE * count
+
+
 FULL_MATRIX_UP_TO = 16
 """Up to this many nodes, every node tests every node (TCP to each port it listens on, and
 ssh). Beyond, each node tests the master and the nodes 1, 2, 4, 8, ... places after it in the
@@ -187,7 +193,7 @@ def plan_params(
             "share_token": not read_only,
             "extensions_dir": node.env.get("TORCH_EXTENSIONS_DIR"),
             "connect_timeout": PAIR_CONNECT_TIMEOUT_S,
-            "skew": START_SKEW_S + SKEW_SECONDS_PER_NODE * len(cluster.nodes),
+            "skew": start_skew(len(cluster.nodes)),
             "import_timeout": IMPORT_TIMEOUT_S,
             "ssh_timeout": PEER_SSH_LIMIT_S,
             "bandwidth_to": {
@@ -229,8 +235,11 @@ def collect(
     )
     argv = {n.host: _probe_argv(n) for n in cluster.nodes}
     payloads = {host: node_programs.line("probe", "main", p) for host, p in params.items()}
-    skew = START_SKEW_S + SKEW_SECONDS_PER_NODE * len(cluster.nodes)
-    budget = PAIR_CONNECT_TIMEOUT_S + 2 * skew + (5 if quick else PEER_SSH_LIMIT_S + 20)
+    budget = (
+        PAIR_CONNECT_TIMEOUT_S
+        + 2 * start_skew(len(cluster.nodes))
+        + (5 if quick else PEER_SSH_LIMIT_S + 20)
+    )
     if not quick:  # the master's probe makes N ssh handshakes: more time when N is large
         budget += PROBE_SECONDS_PER_NODE * len(cluster.nodes)
     results = run_on_nodes(cluster.nodes, argv, stdin=payloads, timeout=budget)
