@@ -161,15 +161,17 @@ def test_a_launch_gives_the_callers_signal_handlers_back(tmp_path):
     def mine(signum, frame):
         pass
 
-    before = signal.signal(signal.SIGTERM, mine)
+    # Both set here: a session started in the background inherits SIGINT ignored.
+    before = {sig: signal.signal(sig, mine) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         options = LaunchOptions(command=("-c", "pass"), run_id=new_run_id())
         plan, _ = prepare(load_cluster(), options, run_dir=tmp_path)
         supervise(plan, [], run_dir=tmp_path, out=io.StringIO())
         assert signal.getsignal(signal.SIGTERM) is mine
-        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        assert signal.getsignal(signal.SIGINT) is mine
     finally:
-        signal.signal(signal.SIGTERM, before)
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
 
 
 def test_startup_lasts_until_the_first_plain_step_beat_and_gives_no_step_time():
