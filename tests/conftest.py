@@ -2,9 +2,10 @@
 
 A cluster test on a machine without root or `ip netns` is skipped with the reason; CI runs as
 root, so both tiers run there. The `make_sandbox` fixture always takes its sandboxes down,
-also when the test fails; a session that runs cluster tests takes down at its end every
-sandbox that was not up at its start (SIGTERM, a CI time limit, ends it like Ctrl-C, so that
-this still runs), and at its start the sandboxes an earlier, killed session left.
+also when the test fails; each test process (an xdist worker is one) takes down at its end
+every sandbox of its own left up (SIGTERM, a CI time limit, ends it like Ctrl-C, so that this
+still runs), and a session running alone takes down at its start what a killed one left
+(tests/session_scope.py says what is a process's own).
 """
 
 from __future__ import annotations
