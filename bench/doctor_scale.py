@@ -57,8 +57,7 @@ class NodeCpu:
         for node in box.nodes:
             group = parent / f"trainfleet-bench-{box.name}-{node.index}"
             group.mkdir(exist_ok=True)
-            pid = (box.state_dir / "nodes" / node.hostname / "sshd.pid").read_text().strip()
-            (group / "cgroup.procs").write_text(pid)
+            (group / "cgroup.procs").write_text(str(box.sshd_pid(node.index)))
             self.groups[node.hostname] = group
 
     def seconds(self) -> dict[str, float]:

@@ -14,8 +14,8 @@ seconds from the throttle to the naming of rank 1, and any other rank named afte
 
 Summary: recall = throttled runs whose rank 1 was named within the cap / runs; precision =
 correct namings / all namings, the clean parts included. The launcher judges every 5 s, by the
-median busy_s over each rank's last 20 steps against the median rank, with a 20% margin
-(`status/rules.py`): a 75% share makes the rank's compute ~33% longer.
+median busy_s over each rank's last 20 steps against the median of the other ranks', with a
+20% margin (`status/rules.py`): a 75% share makes the rank's compute ~33% longer.
 """
 
 from __future__ import annotations

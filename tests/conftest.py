@@ -68,22 +68,19 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        alone = False
+        pass  # another session runs beside this one: its sandboxes are no leftovers
     else:
-        alone = True
-    if alone:
         left = sorted(name for name in sandboxes_up() if TEST_SANDBOX.match(name))
         for name in left:
             sandbox.down(name)
         if left:
             warnings.warn(f"an earlier test session left sandboxes, now down: {left}", stacklevel=1)
     fcntl.flock(lock, fcntl.LOCK_SH)
-    session.config.stash[_OWN_SANDBOXES] = True
     signal.signal(signal.SIGTERM, _interrupted)  # so that pytest_sessionfinish runs
 
 
 _SESSIONS_LOCK_KEY = pytest.StashKey[object]()
-_OWN_SANDBOXES = pytest.StashKey[bool]()
+"""The lock's open file, held by a session that runs cluster tests (and only such a one)."""
 _TOKENS_AT_START = pytest.StashKey[set]()
 _DOCTOR_TOKENS = ".trainfleet-doctor-*"
 
@@ -101,7 +98,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     """Down every sandbox of this process left up, failed tests' included. Then, once all
     workers are done: doctor's shared-storage tokens (.trainfleet-doctor-RUN_ID) are removed by
     every run, and a run that left one in the directory the tests run from fails the session."""
-    if session.config.stash.get(_OWN_SANDBOXES, False):
+    if _SESSIONS_LOCK_KEY in session.config.stash:
         from trainfleet import sandbox
 
         left = own_sandboxes_up()

@@ -176,7 +176,7 @@ def test_a_node_that_says_its_hostname_is_a_pattern_is_not_trusted_under_it(
     the node's choosing, here a CA for every host (#17)."""
     box = make_box(6, nodes=3, auth="password")
     for host, name in HOSTILE_NAMES.items():
-        sshd = (box.state_dir / "nodes" / host / "sshd.pid").read_text().strip()
+        sshd = str(box.sshd_pid(host))
         rename = f"import socket; socket.sethostname({name!r})"
         subprocess.run(["nsenter", "-t", sshd, "-u", sys.executable, "-c", rename], check=True)
     password = box.password_file.read_text()

@@ -162,11 +162,12 @@ def plan_params(
     }
     hosts = [n.host for n in cluster.nodes]
     sample = peer_sample(hosts, cluster.master, all_pairs=all_pairs)
-    # Each listener waits for exactly the connections the sample sends it.
+    # Each listener waits for exactly the connections the sample sends it: every node's probe
+    # connects to each peer in its sample that has an address (the others are not its peers).
     inbound = dict.fromkeys(hosts, 0)
     for src, targets in sample.items():
         for dst in targets:
-            if dst != src and addresses[src]:
+            if dst != src and addresses[dst]:
                 inbound[dst] += len(listen[dst])
     multi = len(cluster.nodes) > 1
     # Bandwidth in a ring, all links at once: node i streams to node i+1 (O(1) rounds).

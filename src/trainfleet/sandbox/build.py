@@ -396,12 +396,15 @@ def _start_sshds(sandbox: Sandbox) -> None:
 def _throttle_cpus(sandbox: Sandbox) -> None:
     """cpu-throttle: the node's sshd, and so all it starts, into a cgroup with a CPU quota."""
     for index in _faulted(sandbox, "cpu-throttle"):
-        node = sandbox.node(index)
-        pid_file = sandbox.state_dir / "nodes" / node.hostname / "sshd.pid"
+        # sshd listens before it writes its PidFile: it may be a moment behind the port.
         deadline = time.monotonic() + _SSHD_START_TIMEOUT_S
-        while not pid_file.exists() and time.monotonic() < deadline:
+        while (pid := sandbox.sshd_pid(index)) is None and time.monotonic() < deadline:
             time.sleep(0.05)
-        pid = int(pid_file.read_text().split()[0])
+        if pid is None:
+            raise SandboxError(
+                f"sshd on {sandbox.node(index).hostname} wrote no pid file",
+                f"see the sshd.log files under {sandbox.state_dir}/nodes",
+            )
         cpu.throttle(f"{cpu.cgroup_prefix(sandbox.name)}{index}", [pid])
 
 

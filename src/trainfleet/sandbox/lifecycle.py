@@ -96,11 +96,7 @@ def status(name: str = DEFAULT_NAME) -> tuple[Sandbox, list[NodeStatus]] | None:
     present = set(netns.netns_list())
     result = []
     for node in sandbox.nodes:
-        pid_file = sandbox.state_dir / "nodes" / node.hostname / "sshd.pid"
-        try:
-            pid = int(pid_file.read_text().strip())
-        except (OSError, ValueError):
-            pid = None
+        pid = sandbox.sshd_pid(node.index)
         result.append(
             NodeStatus(
                 node=node,

@@ -82,6 +82,14 @@ class Sandbox:
                 return node
         raise SandboxError(f"no sandbox node {which!r}", "see `trainfleet sandbox status`")
 
+    def sshd_pid(self, which: int | str) -> int | None:
+        """The pid a node's sshd wrote (its PidFile), or None before it did (or after down)."""
+        path = self.state_dir / "nodes" / self.node(which).hostname / "sshd.pid"
+        try:
+            return int(path.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+
     def exec_argv(self, which: int | str, argv: Sequence[str]) -> list[str]:
         """argv run inside a node's namespace directly (no ssh), e.g. to inject a fault."""
         return netns.in_netns(self.node(which).netns, argv)

@@ -171,10 +171,11 @@ def _hang(data: dict[str, Any]) -> list[str]:
             lines.append(f"  behind: {text}" + (f": {who['where']}" if who.get("where") else ""))
         else:
             lines.append(f"  behind: rank {who} ({nodes.get(who, '?')})")
-    if hang.get("collectives"):
+    collectives = hang.get("collectives")
+    if isinstance(collectives, list) and collectives:
         from trainfleet.launch.collectives import describe  # (launch's package imports status)
-    for found in hang.get("collectives") or []:
-        if isinstance(found, dict):
+
+        for found in filter(lambda c: isinstance(c, dict), collectives):
             try:
                 lines.append(f"  stuck in {describe(found, nodes)}")
             except (KeyError, TypeError):
