@@ -101,3 +101,30 @@ def test_latest_names_a_checkpoint_only_after_everything_in_it_is_on_disk(tmp_pa
     assert before.index(ckpt, mark) > mark
     assert before[-1] == f".{checkpoints.LATEST}.tmp"
     assert synced[-1] == "."  # the output directory, after the pointer's rename
+
+
+def test_a_stop_between_the_mark_and_the_pointer_switch_resumes_from_the_marked_checkpoint(
+    tmp_path, monkeypatch
+):
+    """Ctrl-C reaches rank 0 after checkpoint-16's mark, before `latest` moves (seen in CI:
+    the user's interrupt landed in that window). Everything in checkpoint-16 is on disk, so the
+    restart resumes from it, and its rank 0 points `latest` at it again."""
+    _save(tmp_path, 8, complete=True)
+    real_replace = os.replace
+
+    def interrupted(src, dst):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        _save(tmp_path, 16, complete=True)
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert (tmp_path / checkpoints.LATEST).read_text() == "checkpoint-8\n"
+    assert checkpoints.remove_partial(tmp_path) == []
+    assert checkpoints.latest_checkpoint(tmp_path).name == "checkpoint-16"
+    assert checkpoints.repoint_latest(tmp_path) == "checkpoint-16"
+    assert (tmp_path / checkpoints.LATEST).read_text() == "checkpoint-16\n"
+    assert checkpoints.repoint_latest(tmp_path) is None  # already right: nothing written
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == [
+        "checkpoint-16", "checkpoint-8"
+    ]  # fmt: skip

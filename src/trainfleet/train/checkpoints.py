@@ -1,7 +1,9 @@
 """Checkpoints that a crash cannot spoil: HF Trainer writes `checkpoint-N/` in place; only after
 every rank has finished it does rank 0 mark it complete and switch the `latest` pointer (a file
 replaced atomically), then delete all but the last K complete checkpoints. A restart resumes
-from what `latest` names and removes any half-written checkpoint of its own.
+from the newest complete checkpoint and removes any half-written checkpoint of its own; a stop
+between the mark and the pointer's switch (Ctrl-C, a kill) leaves `latest` one behind, which the
+restart's rank 0 sets right (`repoint_latest`).
 
 Its own: every rank marks a checkpoint directory (TRAINFLEET_SAVING) before it writes there, so
 a `checkpoint-N` without a mark (a plain Hugging Face run's, in the same output directory) is
@@ -40,14 +42,40 @@ def _checkpoints(output: Path) -> list[Path]:
     return sorted((p for p in output.glob("checkpoint-*") if step_of(p) >= 0), key=step_of)
 
 
+def _complete(output: Path) -> list[Path]:
+    return [p for p in _checkpoints(output) if (p / COMPLETE).exists()]
+
+
 def latest_checkpoint(output: Path) -> Path | None:
-    """The checkpoint `latest` names, if it is there and complete."""
-    try:
-        name = (output / LATEST).read_text().strip()
-    except FileNotFoundError:
+    """The newest complete checkpoint: the one `latest` names, or a newer one whose mark was
+    written (after everything in it reached the disk) but whose pointer switch was cut short."""
+    complete = _complete(output)
+    return complete[-1] if complete else None
+
+
+def _point_latest(output: Path, name: str) -> None:
+    pointer = output / f".{LATEST}.tmp"
+    pointer.write_text(name + "\n")
+    _fsync(pointer)
+    os.replace(pointer, output / LATEST)
+    _fsync(output)
+
+
+def repoint_latest(output: Path) -> str | None:
+    """Rank 0, before a resume: `latest` names the newest complete checkpoint again if a stop
+    between mark_complete's mark and its pointer switch left it behind. Returns the name it
+    now points at when it had to change it."""
+    newest = latest_checkpoint(output)
+    if newest is None:
         return None
-    path = output / name
-    return path if (path / COMPLETE).exists() else None
+    try:
+        named = (output / LATEST).read_text().strip()
+    except FileNotFoundError:
+        named = None
+    if named == newest.name:
+        return None
+    _point_latest(output, newest.name)
+    return newest.name
 
 
 def begin_save(output: Path, name: str) -> None:
@@ -97,13 +125,8 @@ def mark_complete(output: Path, name: str, *, keep: int) -> None:
     (output / name / COMPLETE).write_text("")
     _fsync(output / name / COMPLETE)
     _fsync(output / name)
-    pointer = output / f".{LATEST}.tmp"
-    pointer.write_text(name + "\n")
-    _fsync(pointer)
-    os.replace(pointer, output / LATEST)
-    _fsync(output)
-    complete = [p for p in _checkpoints(output) if (p / COMPLETE).exists()]
-    for old in complete[:-keep]:
+    _point_latest(output, name)
+    for old in _complete(output)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
 
 

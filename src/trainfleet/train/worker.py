@@ -247,6 +247,9 @@ def main(encoded: str) -> int:
         removed = checkpoints.remove_partial(output)
         for path in removed:
             print(f"removed {path.name}: its save never completed", flush=True)
+        if (named := checkpoints.repoint_latest(output)) is not None:
+            print(f"latest -> {named}: its save completed, the pointer switch was cut short",
+                  flush=True)  # fmt: skip
     dist.barrier()
     resume = checkpoints.latest_checkpoint(output)
 
