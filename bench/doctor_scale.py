@@ -5,8 +5,8 @@ nodes have their own CPUs would see.
     sudo .venv/bin/python bench/doctor_scale.py [--sizes 2,4,8,16,32] [--quick-sizes 64]
                                                 [--repeat 3] [--shells sh]
 
-Each size: a fresh sandbox, one warm-up run (opens the shared ssh connections, fills the
-probe's import cache), then the median of --repeat runs of the CLI as a user types it. Every
+Each size: a fresh sandbox, one warm-up run (opens the shared ssh connections, warms the page
+cache), then the median of --repeat runs of the CLI as a user types it. Every
 node's sshd (and so all a probe or rank starts there) is put in a CPU-accounting cgroup of its
 own; the launcher's CPU is that of the `trainfleet doctor` process and its children (its ssh
 clients). All sandbox nodes share this machine's cores, so the wall here is about the sum of
@@ -166,7 +166,7 @@ def main() -> int:
     for title, shell in (shells[name] for name in args.shells.split(",")):
         print(f"\n{title}")
         print(
-            f"{'nodes':>5}  {'kind':<6} {'wall':>7}  {'probe':>7}  {'allred':>7}  "
+            f"{'nodes':>5}  {'kind':<6} {'wall':>7}  {'probe':>7}  {'stack':>7}  "
             f"{'cpu/node':>7}  {'cpu max':>7}  {'launch':>7}  {'project':>7}  vs goal"
         )
         for count, quick_only in plan:

@@ -112,6 +112,8 @@ def _run_up(args: argparse.Namespace) -> int:
         print(f"  {node.hostname:12} {node.address:15} {node.ifname:10}{extra}".rstrip())
     print(f"cluster.yaml: {box.cluster_file}")
     print(f"hostfile:     {box.hostfile}   (with --ssh-config {box.ssh_config})")
+    for change in box.host_changes:  # the nodes share this machine's ARP table
+        print(f"raised:       {change}   (room for every sandbox node's ARP entries)")
     if box.auth == "password":
         print(f"password:     {box.password_file}   (user {SANDBOX_USER})")
         print(f"try:          trainfleet setup ssh -c {box.cluster_file}")

@@ -7,8 +7,9 @@
     0
 
 Facts, then decisions: `collect` runs one probe per node (facts + active pairwise tests),
-`checks` turns them into findings with pure functions, `collective` (full mode) runs a real
-gloo all_reduce across all nodes, `report` renders the findings.
+`checks` turns them into findings with pure functions, `collective` (full mode) imports the
+training stack once per node and runs a real gloo all_reduce across all nodes (the checks see
+the imports' report too), `report` renders the findings.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ class DoctorReport:
     """The facts the findings came from (not in the JSON: `nodes` summarizes them)."""
     seconds: float = 0.0
     phases: dict[str, float] = field(default_factory=dict)
-    """Wall time of each phase: probe, collective (the gloo all_reduce, full mode only)."""
+    """Wall time of each phase: probe; in full mode then collective (the stack imported once per
+    node and a gloo all_reduce across all), or stack (the imports alone, after an error)."""
 
     @property
     def exit_code(self) -> int:
@@ -116,11 +118,15 @@ def run_doctor(
     finished = time.time()
     phases = {"probe": finished - started}
     findings = run_checks(survey, started=started, finished=finished)
-    # After an error the all_reduce is sure to fail (and waits its timeout): the cause is known.
-    clean = not any(f.severity is Severity.ERROR for f in findings)
-    if clean and collective.should_run(survey):
-        extra, phases["collective"] = collective.run_collective(survey)
-        findings = merge(findings + extra)
+    if collective.should_run(survey):
+        # After an error the all_reduce is sure to fail (and waits its timeout): the cause is
+        # known, and the stack is only imported.
+        clean = not any(f.severity is Severity.ERROR for f in findings)
+        all_reduce = clean and collective.can_all_reduce(survey)
+        extra, seconds = collective.run_stack(survey, all_reduce=all_reduce)
+        phases["collective" if all_reduce else "stack"] = seconds
+        # the checks again, now with what the imports reported
+        findings = merge(run_checks(survey, started=started, finished=finished) + extra)
     problems = [
         f"{host}: the probe failed: {result.reason()}"
         for host, result in survey.failed.items()

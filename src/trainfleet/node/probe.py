@@ -90,9 +90,6 @@ def main(params):
         if params.get("quick") or not os.path.isdir(workdir)
         else system.code_hash(workdir),
     }
-    if not params.get("quick"):
-        facts["imports"] = software.imports(params.get("import_timeout", 20), versions, dists)
-
     for thread in threads:
         thread.join()
     target = params.get("bandwidth_to")

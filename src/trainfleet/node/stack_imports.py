@@ -1,12 +1,11 @@
-"""Imports the training stack and prints what it reported, as one JSON line. Run by the probe
-in a fresh interpreter (`software.imports`), so that a crash or a hang in an import is the
-probe's finding, not its end.
+"""Imports torch and returns what it reported: doctor's stack phase (`collective`), in the
+process that then joins the all_reduce, so a node imports torch once. The other packages'
+versions come from their metadata (`software.package_versions`): no import needed.
 """
-
-import json
 
 
 def report():
+    """{torch, torch_cuda, nccl, torch_distributed, gloo} or {torch_error}."""
     out = {}
     try:
         import torch
@@ -22,10 +21,4 @@ def report():
         out["gloo"] = torch.distributed.is_available() and torch.distributed.is_gloo_available()
     except Exception as exc:
         out["torch_error"] = "%s: %s" % (type(exc).__name__, exc)
-    for name in ("deepspeed", "transformers", "accelerate"):
-        try:
-            module = __import__(name)
-            out[name] = getattr(module, "__version__", "?")
-        except Exception as exc:
-            out[name + "_error"] = "%s: %s" % (type(exc).__name__, exc)
-    print(json.dumps(out))
+    return out

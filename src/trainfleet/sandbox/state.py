@@ -51,6 +51,9 @@ class Sandbox:
     auth: str = "key"
     """'key': root logs in with the sandbox's key, trusted everywhere. 'password': only the
     test user (users.SANDBOX_USER) logs in, with its password; no key is trusted anywhere."""
+    host_changes: list[str] = field(default_factory=list)
+    """What `up` changed on this machine beyond its own links and namespaces (a kernel limit
+    raised, with its old value), said once when it is made and kept in the state file."""
 
     @property
     def cluster_file(self) -> Path:
@@ -106,6 +109,7 @@ class Sandbox:
             "node_local_dir": self.node_local_dir,
             "auth": self.auth,
             "faults": [str(f) for f in self.faults],
+            "host_changes": list(self.host_changes),
             "nodes": [n.to_json() for n in self.nodes],
             "cluster_file": str(self.cluster_file),
             "hostfile": str(self.hostfile),
@@ -126,6 +130,7 @@ class Sandbox:
             node_local_dir=data.get("node_local_dir"),
             auth=data.get("auth", "key"),
             faults=[parse_fault(f, hostnames) for f in data["faults"]],
+            host_changes=list(data.get("host_changes", [])),
             nodes=[files.SandboxNode(**n) for n in data["nodes"]],
         )
 

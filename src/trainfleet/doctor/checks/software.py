@@ -68,7 +68,8 @@ def check_paths(survey: Survey) -> list[Finding]:
 
 
 def node_versions(facts: NodeFacts) -> dict[str, str | None]:
-    """The versions that matter, preferring what an import reported over package metadata."""
+    """The versions that matter: torch's and NCCL's as importing torch reported them (full
+    mode), else from package metadata, as every other package's."""
     packages = facts.packages
     imported = facts.imports or Imports()
     python = facts.python.version or ""
@@ -76,9 +77,9 @@ def node_versions(facts: NodeFacts) -> dict[str, str | None]:
         "python": ".".join(python.split(".")[:2]) or None,
         "torch": imported.torch or packages.torch,
         "nccl": imported.nccl or packages.nccl_wheel,
-        "deepspeed": imported.deepspeed or packages.deepspeed,
-        "transformers": imported.transformers or packages.transformers,
-        "accelerate": imported.accelerate or packages.accelerate,
+        "deepspeed": packages.deepspeed,
+        "transformers": packages.transformers,
+        "accelerate": packages.accelerate,
     }
 
 

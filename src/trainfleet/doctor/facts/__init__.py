@@ -19,7 +19,12 @@ for their type only; the code that puts one in a file or a command validates it 
 (`trainfleet.untrusted`).
 """
 
-from trainfleet.doctor.facts.parse import FactSheetError, parse_fact_sheet, read_fact_sheet
+from trainfleet.doctor.facts.parse import (
+    FactSheetError,
+    parse_fact_sheet,
+    parse_imports,
+    read_fact_sheet,
+)
 from trainfleet.doctor.facts.sheet import (
     Active,
     ClientName,
@@ -51,6 +56,7 @@ __all__ = [
     "PROBE_VERSION",
     "FactSheetError",
     "parse_fact_sheet",
+    "parse_imports",
     "read_fact_sheet",
     "Active",
     "ClientName",

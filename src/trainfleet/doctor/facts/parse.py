@@ -178,7 +178,8 @@ def _packages(raw: object) -> Packages:
     return Packages(**{name: _str(raw.get(name)) for name in Packages.__dataclass_fields__})
 
 
-def _imports(raw: object) -> Imports | None:
+def parse_imports(raw: object) -> Imports | None:
+    """What the stack phase reported of a node's imports (`node/collective.py`); None: nothing."""
     if not isinstance(raw, dict):
         return None
     flags = ("torch_distributed", "gloo")
@@ -313,7 +314,9 @@ def parse_fact_sheet(sheet: Any, *, node: str) -> NodeFacts:
             executable=_str(python.get("executable")), version=_str(python.get("version"))
         ),
         packages=_packages(sheet.get("packages")),
-        imports=_imports(sheet.get("imports")),
+        # The probe imports nothing (the stack phase does, and adds its report); a sheet that
+        # carries a report (the recorded fixtures) keeps it.
+        imports=parse_imports(sheet.get("imports")),
         tools={
             tool: where
             for tool, where in _dict(sheet.get("tools")).items()

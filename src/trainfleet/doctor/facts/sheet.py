@@ -136,20 +136,17 @@ class Packages:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Imports:
-    """What importing the training stack in the node's python reported (full probe only)."""
+    """What importing torch in the node's python reported (doctor's stack phase,
+    `node/collective.py`, full mode only)."""
 
     torch: str | None = None
     torch_cuda: str | None = None
     nccl: str | None = None
     torch_distributed: bool | None = None
     gloo: bool | None = None
-    deepspeed: str | None = None
-    transformers: str | None = None
-    accelerate: str | None = None
     torch_error: str | None = None
     import_error: str | None = None
-    """The import subprocess itself failed (its last stderr line)."""
-    skipped: str | None = None
+    """The stack phase's process failed before it reported (its last error line), or hung."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
