@@ -120,6 +120,8 @@ def test_firewall_stops_the_launch_in_preflight_and_without_it_the_join_watchdog
     code, out = _finish(_launch(box.cluster_file, tmp_path / "pre"))
     assert code == 1
     assert "preflight doctor found errors" in out and "firewall-blocks-ports  [gpu-node-1]" in out
+    fix = f"trainfleet setup firewall --apply -c {box.cluster_file}"
+    assert f"fix with:\n  {fix}   (firewall-blocks-ports on gpu-node-1)" in out, out
     assert not (tmp_path / "pre").exists()  # nothing was started
 
     # The ranks cannot join at all here (gpu-node-1 drops every port but ssh), so the watchdog's

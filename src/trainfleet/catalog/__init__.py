@@ -23,15 +23,45 @@ docs/findings.md` (a unit test keeps the two equal).
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
+from collections.abc import Sequence
 
 from trainfleet.catalog import connectivity, node
 from trainfleet.catalog.ids import Area, Entry, FindingId, Sandbox
 
-__all__ = ["CATALOG", "Area", "Entry", "FindingId", "Sandbox", "main", "markdown"]
+__all__ = [
+    "CATALOG", "Area", "Entry", "FindingId", "Sandbox", "commands_that_fix", "main", "markdown"
+]  # fmt: skip
 
 CATALOG: dict[FindingId, Entry] = {**connectivity.ENTRIES, **node.ENTRIES}
 """Every id's entry, in the order of docs/findings.md."""
+
+
+def commands_that_fix(findings, cluster_flags: Sequence[str]) -> list[str]:
+    """One line per trainfleet command that fixes some of `findings` (`Entry.fixed_by`), in
+    the order `setup`'s steps run, each with the ids and nodes it fixes; `cluster_flags` are
+    the cluster options as the user gave them.
+
+        >>> from trainfleet.doctor.findings import Finding, Severity
+        >>> found = [Finding(id="firewall-blocks-ports", severity=Severity.ERROR,
+        ...                  nodes=("gpu-node-1",), evidence=[], fix="")]
+        >>> print(*commands_that_fix(found, ["-c", "cluster.yaml"]))
+        trainfleet setup firewall --apply -c cluster.yaml   (firewall-blocks-ports on gpu-node-1)
+    """
+    from trainfleet.nodeset import fold_names
+
+    order = [entry.fixed_by for entry in CATALOG.values() if entry.fixed_by]
+    fixes: dict[str, list[str]] = {}
+    for finding in findings:
+        command = CATALOG[FindingId(finding.id)].fixed_by
+        if command:
+            fixes.setdefault(command, []).append(f"{finding.id} on {fold_names(finding.nodes)}")
+    flags = shlex.join(cluster_flags)
+    return [
+        f"trainfleet {command} {flags}".rstrip() + f"   ({', '.join(fixes[command])})"
+        for command in sorted(fixes, key=order.index)
+    ]
 
 
 # ----------------------------------------------------------------------------- docs/findings.md

@@ -27,6 +27,7 @@ ENTRIES: dict[FindingId, Entry] = {
         "every node, itself included",
         fix="`trainfleet setup ssh`, or `ssh-copy-id` for the pair named",
         sandbox=Sandbox(faults=("ssh-auth-failed",), tests=(*_DOCTOR, "test_sandbox_exec.py")),
+        fixed_by="setup ssh",
     ),
     FindingId.SSH_HOSTKEY_UNKNOWN: Entry(
         area=_SSH,
@@ -37,6 +38,7 @@ ENTRIES: dict[FindingId, Entry] = {
         fix="compare the fingerprints, then add the key (`doctor --fix` does both); never "
         "`StrictHostKeyChecking=no`",
         sandbox=Sandbox(faults=("ssh-hostkey-unknown",), tests=(*_DOCTOR, "test_sandbox_exec.py")),
+        fixed_by="setup ssh",
     ),
     FindingId.SSH_HOSTKEY_CHANGED: Entry(
         area=_SSH,
@@ -48,6 +50,7 @@ ENTRIES: dict[FindingId, Entry] = {
             faults=("ssh-hostkey-changed",),
             tests=(*_DOCTOR, "test_sandbox_exec.py", "test_setup.py"),
         ),
+        fixed_by="setup ssh",
     ),
     FindingId.SSH_HOSTKEY_ALGO: Entry(
         area=_SSH,
@@ -86,6 +89,7 @@ ENTRIES: dict[FindingId, Entry] = {
         fix="activate the environment for non-interactive ssh, or `trainfleet setup env` (PATH "
         "per node in cluster.yaml)",
         sandbox=Sandbox(faults=("remote-env-differs",), tests=(*_DOCTOR, "test_sandbox_faults.py")),
+        fixed_by="setup env",
     ),
     FindingId.LOGIN_SHELL_SLOW: Entry(
         area=_SSH,
@@ -111,6 +115,7 @@ ENTRIES: dict[FindingId, Entry] = {
             setup="differently named interfaces (`--ifnames`) and one GLOO/NCCL_SOCKET_IFNAME",
             tests=_DOCTOR,
         ),
+        fixed_by="setup env",
     ),
     FindingId.IFACE_WRONG: Entry(
         area=_NET,
@@ -120,6 +125,7 @@ ENTRIES: dict[FindingId, Entry] = {
         "the master; virtual interfaces on the route; a pinned interface off the route",
         fix="NCCL_SOCKET_IFNAME per node: the interface that routes to the master",
         sandbox=Sandbox(faults=("decoy-iface",), tests=_DOCTOR),
+        fixed_by="setup env",
     ),
     FindingId.HOSTNAME_LOOPBACK: Entry(
         area=_NET,
@@ -158,6 +164,7 @@ ENTRIES: dict[FindingId, Entry] = {
             faults=("firewall-blocks-ports", "firewall-ssh-only"),
             tests=(*_DOCTOR, "test_launch.py", "test_sandbox_faults.py", "test_setup.py"),
         ),
+        fixed_by="setup firewall --apply",
     ),
     FindingId.PORT_IN_USE: Entry(
         area=_NET,

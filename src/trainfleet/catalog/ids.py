@@ -110,3 +110,6 @@ class Entry:
     """None: not reproducible in the sandbox (or no cluster test asserts it yet)."""
     planned: bool = False
     """Catalogued, but trainfleet does not report this id yet."""
+    fixed_by: str = ""
+    """The trainfleet command that fixes it, as typed after `trainfleet` and before the cluster
+    options (`setup firewall --apply`, `sync`); empty: none does (the fix says what to do)."""

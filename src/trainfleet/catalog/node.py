@@ -33,6 +33,7 @@ ENTRIES: dict[FindingId, Entry] = {
         seen="`CUDA_HOME does not exist` when DeepSpeed builds an op",
         detect="CUDA_HOME and nvcc on the non-interactive path of nodes with GPUs",
         fix="CUDA_HOME for that node in cluster.yaml `env:`",
+        fixed_by="setup env",
     ),
     FindingId.NINJA_MISSING: Entry(
         area=_SW,
@@ -52,6 +53,7 @@ ENTRIES: dict[FindingId, Entry] = {
             setup="node-local working directories (`--node-local-dir`), one node's copy edited",
             tests=(*_DOCTOR, "test_setup.py"),
         ),
+        fixed_by="sync",
     ),
     FindingId.SHARED_DIR_MISSING: Entry(
         area=_SW,

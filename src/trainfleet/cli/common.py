@@ -92,6 +92,35 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def cluster_flags(args: argparse.Namespace) -> list[str]:
+    """The cluster options the user gave (`add_cluster_arguments`), to put in a command we
+    suggest: the same nodes, found the same way."""
+    flags = []
+    for option, value in (
+        ("--hostfile", args.hostfile), ("-c", args.cluster_file), ("--hosts", args.hosts),
+        ("-i", args.include), ("-e", args.exclude), ("--ssh-config", args.ssh_config),
+        ("--num_nodes", getattr(args, "num_nodes", None)),
+    ):  # fmt: skip
+        if value:
+            flags += [option, str(value)]
+    return flags
+
+
+def preflight_lines(findings, args: argparse.Namespace) -> list[str]:
+    """What launch and train print when the preflight doctor stops them: the findings, then
+    the commands that fix them, then the way around."""
+    from trainfleet.catalog import commands_that_fix
+    from trainfleet.doctor.report import finding_lines
+
+    lines = ["trainfleet: the preflight doctor found errors; nothing was started:"]
+    lines += [line for f in findings for line in finding_lines(f, indent="  ", max_evidence=6)]
+    commands = commands_that_fix(findings, cluster_flags(args))
+    if commands:
+        lines += ["fix with:", *(f"  {command}" for command in commands)]
+    lines.append("then run the same command again, or pass --no-preflight to start anyway")
+    return lines
+
+
 def command_after_dashes(words: list[str]) -> list[str]:
     """The command after `--` (argparse's REMAINDER keeps the `--` itself)."""
     return words[1:] if words[:1] == ["--"] else list(words)

@@ -18,6 +18,7 @@ from trainfleet.cli.common import (
     add_startup_timeout_argument,
     cluster_from_args,
     command_after_dashes,
+    preflight_lines,
 )
 from trainfleet.errors import TrainfleetError
 from trainfleet.launch.plan import Backend
@@ -271,11 +272,7 @@ def run(args: argparse.Namespace) -> int:
             out=sys.stderr if args.json else sys.stdout,
         )
     except PreflightFailed as exc:
-        print(
-            "trainfleet: the preflight doctor found errors; nothing was started:", file=sys.stderr
-        )
-        print("\n".join(_render_findings(exc.report.findings)), file=sys.stderr)
-        print("fix them, or pass --no-preflight to start anyway", file=sys.stderr)
+        print("\n".join(preflight_lines(exc.report.findings, args)), file=sys.stderr)
         return 1
     if args.json:
         print(json.dumps(result.to_json(), indent=2))

@@ -16,6 +16,7 @@ from trainfleet.cli.common import (
     add_cluster_arguments,
     add_startup_timeout_argument,
     cluster_from_args,
+    preflight_lines,
 )
 from trainfleet.hf_names import HF_NAMES
 
@@ -181,7 +182,7 @@ def outcome_of(output: str) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainfleet.cli.launch_cmd import _render_findings, render_outcome
+    from trainfleet.cli.launch_cmd import render_outcome
     from trainfleet.launch import PreflightFailed
     from trainfleet.train import run_train
 
@@ -200,10 +201,7 @@ def run(args: argparse.Namespace) -> int:
             out=sys.stderr if args.json else None,
         )
     except PreflightFailed as exc:
-        print(
-            "trainfleet: the preflight doctor found errors; nothing was started:", file=sys.stderr
-        )
-        print("\n".join(_render_findings(exc.report.findings)), file=sys.stderr)
+        print("\n".join(preflight_lines(exc.report.findings, args)), file=sys.stderr)
         return 1
     if args.json:
         print(json.dumps({**result.to_json(), **outcome_of(config.output)}, indent=2))

@@ -7,9 +7,9 @@
     0
 
 Facts, then decisions: `collect` runs one probe per node (facts + active pairwise tests),
-`checks` turns them into findings with pure functions, `collective` (full mode) imports the
-training stack once per node and runs a real gloo all_reduce across all nodes (the checks see
-the imports' report too), `report` renders the findings.
+`checks` turns them into findings with pure functions, `collective` (full mode) imports torch
+once per node and runs a real gloo all_reduce across all nodes (the checks see the imports'
+report too), `report` renders the findings.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ class DoctorReport:
     """The facts the findings came from (not in the JSON: `nodes` summarizes them)."""
     seconds: float = 0.0
     phases: dict[str, float] = field(default_factory=dict)
-    """Wall time of each phase: probe; in full mode then collective (the stack imported once per
-    node and a gloo all_reduce across all), or stack (the imports alone, after an error)."""
+    """Wall time of each phase: probe; in full mode then collective (torch imported once per node
+    and a gloo all_reduce across all), or stack (the imports alone, after an error)."""
 
     @property
     def exit_code(self) -> int:
@@ -120,7 +120,7 @@ def run_doctor(
     findings = run_checks(survey, started=started, finished=finished)
     if collective.should_run(survey):
         # After an error the all_reduce is sure to fail (and waits its timeout): the cause is
-        # known, and the stack is only imported.
+        # known, and torch is only imported.
         clean = not any(f.severity is Severity.ERROR for f in findings)
         all_reduce = clean and collective.can_all_reduce(survey)
         extra, seconds = collective.run_stack(survey, all_reduce=all_reduce)

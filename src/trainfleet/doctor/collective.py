@@ -1,6 +1,6 @@
-"""The stack phase (full mode): one process per node imports the training stack, once, and
-reports what it found; when the checks before found no error, the same processes then run the
-definitive check, a real rendezvous and gloo all_reduce across all nodes.
+"""The stack phase (full mode): one process per node imports torch, once, and reports what it
+found (versions, CUDA, NCCL, gloo); when the checks before found no error, the same processes
+then run the definitive check, a real rendezvous and gloo all_reduce across all nodes.
 
     >>> findings, seconds = run_stack(survey, all_reduce=True)  # doctest: +SKIP
 
@@ -29,7 +29,7 @@ from trainfleet.doctor.findings import Finding, Severity
 from trainfleet.remote import Failure, NodeResult, run_on_nodes
 
 STARTUP_S = 60
-"""How long the ranks wait at the rendezvous for every rank to have imported the stack (a
+"""How long the ranks wait at the rendezvous for every rank to have imported torch (a
 loaded node, torch on a cold shared filesystem); a clean cluster does not wait it out."""
 TIMEOUT_S = 20
 """The process group's timeout, from the moment every rank has imported: the all_reduce's own
@@ -99,7 +99,7 @@ def _imports_of(result: NodeResult, reports: dict[str, dict]) -> Imports:
     if imports is not None:
         return imports
     if result.failure is Failure.TIMED_OUT:
-        why = f"importing the training stack did not finish in {result.duration_s:.0f} s"
+        why = f"importing torch did not finish in {result.duration_s:.0f} s"
     else:
         why = _last_error(result.stderr or result.stdout) if not result.ok else "no report"
     return Imports(import_error=why)
@@ -108,7 +108,8 @@ def _imports_of(result: NodeResult, reports: dict[str, dict]) -> Imports:
 def run_stack(
     survey: Survey, *, all_reduce: bool, rng: random.Random | None = None
 ) -> tuple[list[Finding], float]:
-    """Imports on every node with the stack (their reports added to `survey.facts`), and, with
+    """torch imported on every node with the stack (torch or deepspeed installed; the reports
+    added to `survey.facts`), and, with
     `all_reduce`, the all_reduce on every node. -> the all_reduce's findings (empty when it
     passed or did not run) and the phase's wall time."""
     rng = rng or random.Random()

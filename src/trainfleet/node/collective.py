@@ -1,4 +1,4 @@
-"""doctor's stack phase on a node: the training stack imported once, in this process, and (when
+"""doctor's stack phase on a node: torch imported once, in this process, and (when
 the checks before found no error) one rank of a real gloo all_reduce across all nodes. Prints
 one JSON line per step (`{"imports": ...}`, then `{"all_reduce": ...}`), so the launch node
 reads the versions even when the collective fails. torch is imported inside `run`, so the module
