@@ -223,6 +223,26 @@ def test_the_watchdog_judges_startup_by_the_startup_timeout_and_training_by_the_
     assert run._hung() and progress.hang["phase"] == "training"
 
 
+def test_once_every_rank_has_exited_silence_is_no_hang(tmp_path):
+    """Seen in CI: the ranks had finished and exited 0, torchrun's agents were still meeting at
+    their exit barrier on a loaded machine, and the 5 s hang timeout called that a hang."""
+    from trainfleet.cluster import load_cluster
+    from trainfleet.launch import LaunchOptions, new_run_id, prepare
+    from trainfleet.launch.supervisor import _Run
+
+    options = LaunchOptions(command=("-c", "pass"), run_id=new_run_id(), hang_timeout=5.0)
+    plan, _ = prepare(load_cluster(), options, run_dir=tmp_path)
+    run = _Run(plan, tmp_path, io.StringIO())
+    run.output.progress.beat(0, {"step": 24}, now=time.time() - 30)
+    assert run._hung()  # silent for 30 s while the rank still runs: a hang
+    run = _Run(plan, tmp_path, io.StringIO())
+    run.output.progress.beat(0, {"step": 24}, now=time.time() - 30)
+    run.output.joins.mark("exit=0", 0, now=time.time())
+    assert run.output.joins.all_exited and not run._hung()
+    run.output.joins.mark("exit=x", 0, now=time.time())  # a garbled mark changes nothing
+    assert run.output.joins.exited == {0: 0}
+
+
 def test_the_launcher_names_a_straggler_once_and_says_when_it_no_longer_is(tmp_path):
     """Judged as `trainfleet status` judges it (the busy_s medians, 20% margin), every
     STRAGGLERS_EVERY_S while the run goes on."""

@@ -32,12 +32,20 @@ _TORCH_RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")
 """torch prefixes the lines of a rank's uncaught exception with `[rankN]: `."""
 
 
+def _exit_code(event: str) -> int | None:
+    """N of the shim's `exit=N` mark (None: another mark, or a garbled one)."""
+    code = event[5:] if event.startswith("exit=") else ""
+    return int(code) if code.lstrip("-").isdigit() else None
+
+
 @dataclass(slots=True)
 class Joins:
-    """Join watchdog state, from the rank shim's marks."""
+    """Join watchdog state, from the rank shim's marks (and which ranks have ended)."""
 
     world_size: int
     started: set = field(default_factory=set)
+    exited: dict = field(default_factory=dict)
+    """rank -> its exit code, from the shim's exit mark."""
     joined: set = field(default_factory=set)
     first_entered: float | None = None
 
@@ -48,6 +56,12 @@ class Joins:
             self.first_entered = self.first_entered or now
         elif event == "joined":
             self.joined.add(rank)
+        elif (code := _exit_code(event)) is not None:
+            self.exited[rank] = code
+
+    @property
+    def all_exited(self) -> bool:
+        return len(self.exited) == self.world_size
 
     def stalled(self, started_at: float, now: float, timeout: float) -> set[int] | None:
         """The ranks that have not joined, once the join timeout has run out; else None."""
@@ -120,8 +134,8 @@ class MergedOutput:
                 return
             if who.isdigit():
                 self.joins.mark(event, int(who), now)
-                if event.startswith("exit="):
-                    self.tracker.note_exit(now, node, int(who), int(event[5:]))
+                if (code := _exit_code(event)) is not None:
+                    self.tracker.note_exit(now, node, int(who), code)
             return
         self._plain(now, node, rank, stream, text)
 

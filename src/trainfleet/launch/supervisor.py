@@ -261,6 +261,11 @@ class _Run:
         """No rank advanced for the bound of the run's phase: the startup timeout before the
         first step (only startup beats so far), the hang timeout from it on."""
         progress = self.output.progress
+        if self.output.joins.all_exited:
+            # Every rank has ended: what still runs is the nodes' launchers (torchrun's agents
+            # meet at an exit barrier), whose end watch() sees; silence now is no hang (seen in
+            # CI: a loaded node's agent took longer than a 5 s hang timeout to end).
+            return False
         startup = progress.in_startup
         timeout = self.plan.options.startup_timeout if startup else self.plan.options.hang_timeout
         stuck = progress.stuck_for(now=time.time())
