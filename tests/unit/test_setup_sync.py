@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 from doctor_fixtures import facts_of
@@ -104,3 +105,18 @@ def test_sync_never_mirrors_a_system_or_top_level_directory(directory):
 
 def test_a_project_directory_is_fine(tmp_path):
     assert _check_directory(str(tmp_path)) == str(tmp_path.resolve())
+
+
+def test_a_nodes_environment_inside_the_code_directory_is_never_copied_over_or_deleted():
+    """`setup pyenv --venv /work/proj/env` then `sync /work/proj`: with --delete the nodes'
+    environment would go (this machine has no /work/proj/env), so it is left out by name."""
+    from trainfleet.cluster import load_cluster
+    from trainfleet.setup.sync import DEFAULT_EXCLUDES, environments_inside
+
+    cluster = load_cluster(hosts="gpu-node-1,gpu-node-2")
+    nodes = tuple(replace(n, python="/work/proj/env/bin/python") for n in cluster.nodes)
+    cluster = replace(cluster, nodes=nodes)
+    assert environments_inside(cluster, "/work/proj", DEFAULT_EXCLUDES) == ["env"]
+    assert environments_inside(cluster, "/work/other", DEFAULT_EXCLUDES) == []
+    nodes = tuple(replace(n, python="/work/proj/.venv/bin/python") for n in cluster.nodes)
+    assert environments_inside(replace(cluster, nodes=nodes), "/work/proj", DEFAULT_EXCLUDES) == []

@@ -23,6 +23,7 @@ reads it as its lifeline.
     sshkeys     `setup ssh`'s job: keys, known_hosts, authorized_keys
     files       private files (the deepspeed backend's), known_hosts lines, sync's prune
     procs       ending a run's processes by id; stack dumps of ranks (py-spy)
+    pyenv       `setup pyenv`'s jobs: what a node's environment holds; installing wheels
     collective  doctor's stack phase: torch imported once, then a real all_reduce
     porthold    a port held on purpose (the sandbox's `port-in-use` fault)
 """

@@ -23,6 +23,7 @@ from pathlib import Path
 from trainfleet.cluster import Cluster
 from trainfleet.doctor.facts import NodeFacts
 from trainfleet.errors import SetupError
+from trainfleet.node.files import is_excluded
 from trainfleet.node.system import code_hash
 from trainfleet.nodeset import fold_names
 from trainfleet.remote import run_on_nodes
@@ -101,6 +102,17 @@ def _check_directory(directory: str) -> str:
     return str(path)
 
 
+def environments_inside(cluster: Cluster, directory: str, excludes: Sequence[str]) -> list[str]:
+    """The names of the environments (`setup pyenv`'s venvs) that the nodes' python lives in
+    inside `directory`, not excluded yet: --delete would remove them on the nodes."""
+    names = []
+    for node in cluster.nodes:
+        env = Path(node.python).parent.parent
+        if Path(directory) in env.parents and not is_excluded(env.name, [*excludes, *names]):
+            names.append(env.name)
+    return names
+
+
 def sync_code(
     cluster: Cluster,
     directory: str,
@@ -114,6 +126,9 @@ def sync_code(
     directory = _check_directory(directory)
     cluster = replace(cluster, workdir=directory)  # doctor hashes and tests this directory
     result = SetupResult(step="sync", dry_run=dry_run)
+    if kept := environments_inside(cluster, directory, excludes):
+        excludes = (*excludes, *kept)
+        result.note(f"{', '.join(kept)} left out: a node's python environment lives there")
     survey = verify.survey(cluster, verify.SYNC)
     down = [host for host in survey.failed]
     if down:

@@ -57,6 +57,11 @@ FIREWALL = CheckSet(
     (ssh.check_launch_ssh, network.check_firewall),
     quick=True,
 )
+PYENV = CheckSet(
+    f"{FindingId.VERSION_MISMATCH}, {FindingId.TORCH_MISSING} (package metadata)",
+    (ssh.check_launch_ssh, software.check_versions, software.check_torch),
+    quick=True,
+)
 SYNC = CheckSet(
     f"{FindingId.CODE_DIFFERS}, {FindingId.SHARED_DIR_MISSING}",
     (

@@ -1,0 +1,95 @@
+"""`setup pyenv`'s jobs on a node: what its training environment holds, and installing wheels
+into it with no index (the nodes of such clusters often have no internet).
+
+    >>> import sys; found = facts({"target": sys.prefix})
+    >>> found["version"] == "%d.%d.%d" % sys.version_info[:3], "pip" in found["packages"]
+    (True, True)
+
+`inspect` runs with the target environment's python when it exists (what it holds is what
+that python sees), else with the node's python3 of the launch node's minor version: what it
+reports then is what a new environment would be made from. `install` makes the environment if
+missing (`venv --without-pip`: pip comes as one of the wheels, so no ensurepip is needed) and
+installs exactly the given wheel files, with the pip among them, without an index and without
+resolving dependencies (the launch node sent the whole set). The wheel directory, trainfleet's
+own, is removed afterwards.
+"""
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+
+from trainfleet.node import software
+
+
+def _driver():
+    """The NVIDIA driver version, or None (no nvidia-smi, no GPU, or it fails)."""
+    if not shutil.which("nvidia-smi"):
+        return None
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            timeout=20,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = done.stdout.decode(errors="replace").split()
+    return lines[0] if done.returncode == 0 and lines else None
+
+
+def inspect(job):
+    """Prints `facts` as one JSON line."""
+    print(json.dumps(facts(job)))
+    return 0
+
+
+def facts(job):
+    """This python (version, implementation, whether it is the target's), the packages it sees
+    when it is, glibc, machine, NVIDIA driver, free disk where the target is (or would be)."""
+    target = os.path.abspath(job["target"])
+    in_target = os.path.realpath(sys.prefix) == os.path.realpath(target)
+    libc, libc_version = platform.libc_ver()
+    parent = target
+    while not os.path.isdir(parent):
+        parent = os.path.dirname(parent)
+    disk = os.statvfs(parent)
+    return {
+        "executable": sys.executable,
+        "version": "%d.%d.%d" % sys.version_info[:3],
+        "implementation": sys.implementation.name,
+        "in_target": in_target,
+        "target_exists": os.path.exists(target),
+        "packages": {k: v[0] for k, v in software.dist_infos().items()} if in_target else {},
+        "libc": libc,
+        "libc_version": libc_version,
+        "machine": platform.machine(),
+        "driver": _driver(),
+        "free_bytes": disk.f_bavail * disk.f_frsize,
+        "writable": os.access(parent, os.W_OK),
+        "path": os.environ.get("PATH", ""),
+    }
+
+
+def install(job):
+    """Makes job["target"] a venv if it is not one (with this python), then installs
+    job["wheels"] (file names in job["dir"]) with the pip wheel job["pip"]. -> pip's exit code;
+    its output goes to stderr."""
+    target = job["target"]
+    python = os.path.join(target, "bin", "python")
+    if not os.path.exists(python):
+        made = subprocess.run([sys.executable, "-m", "venv", "--without-pip", target])
+        if made.returncode != 0:
+            return made.returncode
+    # pip runs from its own wheel (a zip on sys.path): the environment needs no pip to start.
+    pip = os.path.join(job["dir"], job["pip"], "pip")
+    argv = [python, pip, "install", "--no-index", "--no-deps", "--disable-pip-version-check"]
+    argv += ["--no-warn-script-location", "--quiet"]
+    argv += [os.path.join(job["dir"], name) for name in job["wheels"]]
+    done = subprocess.run(argv, stdout=sys.stderr)
+    if done.returncode == 0:
+        shutil.rmtree(job["dir"], ignore_errors=True)
+    return done.returncode

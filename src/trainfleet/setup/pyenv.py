@@ -1,0 +1,364 @@
+"""`trainfleet setup pyenv`: this machine's training environment on every node, at the same
+versions, with no internet on the nodes, and cluster.yaml's `python:` pointing at it.
+
+    >>> from trainfleet.setup.wheels import Dist
+    >>> tag = "cp311-cp311-manylinux_2_28_x86_64"
+    >>> torch = Dist(name="torch", version="2.13.0+cpu", tags=(tag,))
+    >>> node = NodeEnv(version="3.11.2", packages={"torch": "2.4"}, glibc="2.36", machine="x86_64")
+    >>> [(d.name, d.version) for d in plan_node(node, [torch], python="3.11")[0]]
+    [('torch', '2.13.0+cpu')]
+    >>> old = NodeEnv(version="3.11.2", glibc="2.17", machine="x86_64")
+    >>> plan_node(old, [torch], python="3.11")[1]
+    ['torch 2.13.0+cpu: needs glibc 2.28 or newer, the node has 2.17']
+
+The environment goes to TARGET on every node (default: this machine's own venv path, so the
+same path works everywhere). Per node: what TARGET holds (`trainfleet.node.pyenv`), and the
+packages whose version differs from this machine's, or that are missing, are installed; a node
+that matches is left alone. Before anything is copied, every node must be able to take every
+wheel it needs (its Python's minor version, glibc, machine, NVIDIA driver for a CUDA torch):
+otherwise nothing is installed anywhere and the nodes are named with the reasons. The wheels
+are gathered once here (`trainfleet.setup.wheels`), copied with tar over ssh, installed with no
+index, and doctor's version checks end the step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trainfleet import clusterfile
+from trainfleet import node as node_programs
+from trainfleet.cluster import Cluster, Node, parse_cluster_yaml
+from trainfleet.cluster.validate import PATH_RE
+from trainfleet.errors import SetupError
+from trainfleet.nodeset import fold_names
+from trainfleet.remote import run_on_nodes
+from trainfleet.setup import clusteryaml, verify, wheels
+from trainfleet.setup.result import THIS_MACHINE, Confirm, SetupResult
+from trainfleet.setup.transfer import COPY_TIMEOUT_S, tar_extract_argv
+from trainfleet.setup.wheels import Dist
+from trainfleet.untrusted import printable
+
+WHEEL_DIR = ".trainfleet-wheels"
+"""Inside TARGET on a node, while installing; removed once pip is done."""
+
+
+def wheel_cache() -> Path:
+    """Where packages packed back into wheels are kept here (a second run packs nothing)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return Path(base) / "trainfleet" / "wheels"
+
+
+_VERSION = re.compile(r"\d+\.\d+\.\d+")
+_PATH = re.compile(r"[A-Za-z0-9_./:+,=@%~-]{1,4000}")
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+_WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+!-]{0,80}")
+
+
+@dataclass(kw_only=True, slots=True)
+class NodeEnv:
+    """What a node's `inspect` reported, checked (a node's words are untrusted)."""
+
+    version: str
+    """The Python that would run there: TARGET's, else its python3 of our minor version."""
+    packages: dict[str, str] = field(default_factory=dict)
+    """What TARGET holds (empty when it does not exist yet)."""
+    glibc: str | None = None
+    machine: str = ""
+    driver: str | None = None
+    in_target: bool = False
+    writable: bool = True
+    free_bytes: int | None = None
+    executable: str = ""
+    path: str = DEFAULT_PATH
+    """PATH as non-interactive ssh sets it there."""
+
+
+def parse_node_env(stdout: str) -> NodeEnv:
+    """The last JSON line of `inspect`'s output; ValueError when it is not what it should be."""
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        raise ValueError("no report")
+    raw = json.loads(lines[-1])
+    version = str(raw.get("version", ""))
+    if not _VERSION.fullmatch(version):
+        raise ValueError(f"python version {printable(version)!r}")
+    packages = {}
+    for name, value in (raw.get("packages") or {}).items():
+        if _WORD.fullmatch(str(name)) and _WORD.fullmatch(str(value)):
+            packages[wheels.normalize(name)] = str(value)
+
+    def word(key: str) -> str | None:
+        value = raw.get(key)
+        return str(value) if value and _WORD.fullmatch(str(value)) else None
+
+    free = raw.get("free_bytes")
+    return NodeEnv(
+        version=version,
+        packages=packages,
+        glibc=word("libc_version") if raw.get("libc") == "glibc" else None,
+        machine=word("machine") or "",
+        driver=word("driver"),
+        in_target=raw.get("in_target") is True,
+        writable=raw.get("writable") is not False,
+        free_bytes=free if isinstance(free, int) else None,
+        executable=printable(str(raw.get("executable", ""))),
+        path=path if _PATH.fullmatch(path := str(raw.get("path", ""))) else DEFAULT_PATH,
+    )
+
+
+def plan_node(node: NodeEnv, dists: list[Dist], *, python: str) -> tuple[list[Dist], list[str]]:
+    """(the packages the node lacks or has at another version, why it cannot take them)."""
+    if ".".join(node.version.split(".")[:2]) != python:
+        where = "its environment's" if node.in_target else "its newest python3 found"
+        return [], [f"{where} Python is {node.version}, this machine's is {python}: the wheels "
+                    f"are built for {python}; install python{python} there"]  # fmt: skip
+    todo = [d for d in dists if node.packages.get(d.name) != d.version]
+    reasons = []
+    for dist in todo:
+        why = [wheels.cannot_take(t, python=python, glibc=node.glibc, machine=node.machine)
+               for t in dist.tags]  # fmt: skip
+        if all(why):
+            reasons.append(f"{dist.name} {dist.version}: {why[0]}")
+        if dist.name == "torch" and (old := wheels.driver_too_old(dist.version, node.driver)):
+            reasons.append(old)
+    if todo and not node.writable:
+        reasons.append("cannot write there (permissions)")
+    return todo, reasons
+
+
+def _inspect_argv(target: str, python: str) -> list[str]:
+    """TARGET's python when there is one, else the node's python3.X, else python3."""
+    pick = (
+        'p="$1/bin/python"; [ -x "$p" ] || p=$(command -v "python$2" || command -v python3); '
+        'shift 2; exec "$p" "$@"'
+    )
+    return ["sh", "-c", pick, "sh", target, python, *node_programs.argv("python3", "pyenv")[1:]]
+
+
+def inspect_nodes(cluster: Cluster, target: str, python: str) -> dict[str, NodeEnv]:
+    stdin = node_programs.line("pyenv", "inspect", {"target": target})
+    results = run_on_nodes(cluster.nodes, _inspect_argv(target, python), stdin=stdin, timeout=60)
+    down = [r for r in results if r.failure.is_connection_failure]
+    if down:
+        raise SetupError(
+            f"cannot reach {fold_names([r.node for r in down])}: {down[0].reason()}",
+            "fix ssh first (`trainfleet setup ssh`)",
+        )
+    envs, broken = {}, {}
+    for result in results:
+        try:
+            envs[result.node] = parse_node_env(result.stdout)
+        except ValueError as exc:
+            broken[result.node] = f"{exc} ({result.reason() if not result.ok else 'exit 0'})"
+    if broken:
+        raise SetupError(
+            "no usable report from " + "; ".join(f"{h}: {why}" for h, why in broken.items()),
+            "check that python3 runs there (`trainfleet exec -- python3 -V`)",
+        )
+    return envs
+
+
+def _sizes(files: dict[str, Path], names: list[str]) -> str:
+    total = sum(files[n].stat().st_size for n in names)
+    return f"{total / 1e6:.0f} MB"
+
+
+def gather(dists: list[Dist], *, wheel_dirs: list[str], cache: Path) -> dict[str, Path]:
+    """{dist name: a wheel file here}: found in `wheel_dirs` or the cache, else packed."""
+    found = {}
+    for dist in dists:
+        cached = cache / dist.filename
+        if dist.editable is None and (path := wheels.find_wheel(dist, wheel_dirs)):
+            found[dist.name] = path
+        elif cached.exists() and dist.editable is None:
+            found[dist.name] = cached
+    todo = [d for d in dists if d.name not in found]
+    with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
+        for dist, path in zip(todo, pool.map(lambda d: wheels.repack(d, cache), todo), strict=True):
+            found[dist.name] = path
+    return found
+
+
+def _copy(node: Node, target: str, files: list[Path]) -> str:
+    """tar the wheel files over ssh into TARGET/.trainfleet-wheels; '' when done."""
+    create = ["tar", "-cf", "-"]
+    for path in files:
+        create += ["-C", str(path.parent), path.name]
+    with subprocess.Popen(create, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as tar:
+        extract = subprocess.run(
+            tar_extract_argv(node, f"{target}/{WHEEL_DIR}"),
+            stdin=tar.stdout,
+            capture_output=True,
+            timeout=COPY_TIMEOUT_S,
+            check=False,
+        )
+        tar.stdout.close()
+        tar_err = tar.stderr.read().decode(errors="replace")
+    if tar.returncode != 0:
+        return f"tar here: {tar_err.strip()}"
+    if extract.returncode != 0:
+        return extract.stderr.decode(errors="replace").strip() or f"exit {extract.returncode}"
+    return ""
+
+
+def _install(node: Node, target: str, python: str, names: list[str], pip: str) -> str:
+    job = {"target": target, "dir": f"{target}/{WHEEL_DIR}", "wheels": names, "pip": pip}
+    stdin = node_programs.line("pyenv", "install", job)
+    [done] = run_on_nodes([node], _inspect_argv(target, python), stdin=stdin,
+                          timeout=COPY_TIMEOUT_S)  # fmt: skip
+    if done.ok:
+        return ""
+    tail = [printable(line) for line in done.stderr.splitlines() if line.strip()][-3:]
+    return "; ".join(tail) or done.reason()
+
+
+def this_python() -> str:
+    return "{}.{}".format(*sys.version_info[:2])
+
+
+def default_target() -> str | None:
+    """This machine's venv (None when trainfleet does not run in one)."""
+    return sys.prefix if sys.prefix != sys.base_prefix else None
+
+
+def setup_pyenv(
+    cluster: Cluster,
+    *,
+    target: str | None = None,
+    packages: list[str] | tuple[str, ...] = (),
+    requirements: str | None = None,
+    wheel_dirs: list[str] | tuple[str, ...] = (),
+    cache: Path | None = None,
+    confirm: Confirm,
+    cluster_in: str | None = None,
+    cluster_out: str | None = None,
+    dry_run: bool = False,
+) -> SetupResult:
+    """Install this machine's training packages into `target` on every node that differs."""
+    target = target or default_target()
+    if not target:
+        raise SetupError(
+            "trainfleet does not run in a venv here, so there is no environment path to use on "
+            "the nodes",
+            "pass --venv PATH (where the nodes get the environment), or run trainfleet from the"
+            " training venv",
+        )
+    target = target.rstrip("/")
+    if not os.path.isabs(target) or not PATH_RE.match(target):
+        raise SetupError(f"--venv {target!r} is not an absolute path of plain characters",
+                         "pass an absolute path such as /opt/envs/train")  # fmt: skip
+    result = SetupResult(step="pyenv", dry_run=dry_run)
+    own = list(packages)
+    if requirements:
+        try:
+            own += wheels.requirement_names(requirements)
+        except (OSError, ValueError) as exc:
+            raise SetupError(f"reading {requirements}: {exc}", "pass a requirements file") from exc
+    dists, missing = wheels.closure([*wheels.TRAINING, *own])
+    if not_here := [m for m in own if m in missing]:
+        raise SetupError(
+            f"{', '.join(not_here)} not installed here: the nodes get this machine's versions",
+            f"install {' '.join(not_here)} here first (pip install), then run this again",
+        )
+    python = this_python()
+    envs = inspect_nodes(cluster, target, python)
+    plans = {host: plan_node(env, dists, python=python) for host, env in envs.items()}
+    refused = {h: why for h, (_, why) in plans.items() if why}
+    if refused:
+        raise SetupError(
+            "nothing was installed anywhere: "
+            + "; ".join(
+                f"{h} cannot take the environment: {', '.join(w)}" for h, w in refused.items()
+            ),  # fmt: skip
+            "fix those nodes (or leave them out with --exclude), then run this again",
+        )
+    todo = {h: names for h, (names, _) in plans.items() if names}
+    for dist in dists:
+        if dist.editable and any(dist in names for names in todo.values()):
+            result.note(
+                f"{dist.name} is installed editable here (from {dist.editable}): the nodes get "
+                "the same link, so that directory must be there too (sync)"
+            )
+    verb = "would install" if dry_run else "installed"
+    for host, names in todo.items():
+        made = "" if envs[host].in_target else f"created {target} ({envs[host].executable}), "
+        listed = ", ".join(f"{d.name} {d.version}" for d in names[:6])
+        more = f" and {len(names) - 6} more" if len(names) > 6 else ""
+        result.add(host, f"{made}{verb} {len(names)} package(s): {listed}{more}")
+    if todo and not dry_run:
+        plan = [f"  {c.node}: {c.what}" for c in result.changes]
+        if not confirm("\n".join([f"install into {target} on:", *plan, "go ahead?"])):
+            raise SetupError("the installation was not confirmed; nothing was changed",
+                             "run again and answer yes, or pass --yes")  # fmt: skip
+        _install_everywhere(cluster, dists, todo, target, python, wheel_dirs, cache, result)
+    _record_python(cluster, target, envs, cluster_in, cluster_out, result)
+    checked = cluster
+    if not dry_run and (written := result.files.get("cluster")):
+        checked = parse_cluster_yaml(Path(written).read_text(), written)
+    result.checks = [verify.PYENV.label]
+    result.findings = verify.findings(verify.survey(checked, verify.PYENV), verify.PYENV)
+    return result
+
+
+def _install_everywhere(cluster, dists, todo, target, python, wheel_dirs, cache, result):
+    """Gather the wheels once, then per node (at once): copy what it needs, install it."""
+    needed = {d.name: d for names in todo.values() for d in names}
+    needed["pip"] = next(d for d in dists if d.name == "pip")  # what installs, on every node
+    files = gather(
+        list(needed.values()),
+        wheel_dirs=[*wheel_dirs, *wheels.pip_find_links()],
+        cache=cache or wheel_cache(),
+    )
+
+    def one(host: str) -> str:
+        node = cluster.node(host)
+        install = [files[d.name] for d in todo[host]]
+        copy = install if files["pip"] in install else [*install, files["pip"]]
+        error = _copy(node, target, copy)
+        return error or _install(node, target, python, [p.name for p in install],
+                                 files["pip"].name)  # fmt: skip
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        errors = dict(zip(todo, pool.map(one, todo), strict=True))
+    sizes = {h: _sizes(files, [d.name for d in todo[h]]) for h in todo}
+    result.note("wheels copied: " + ", ".join(f"{h} {size}" for h, size in sizes.items()))
+    if failed := {h: e for h, e in errors.items() if e}:
+        raise SetupError(
+            "; ".join(f"{h}: {e}" for h, e in failed.items()),
+            "fix what pip says on that node and run this again (what was installed stays)",
+        )
+
+
+def _record_python(cluster, target, envs, cluster_in, cluster_out, result) -> None:
+    """Every node's `python:` is TARGET's, and its PATH starts with TARGET/bin: the tools
+    beside that python (torchrun, deepspeed, ninja for DeepSpeed's op builds) are found there,
+    and the PATH the launch shell would forward (its own directories, maybe another user's)
+    does not reach the ranks. `setup env` records the same PATH for tools beside python."""
+    python, bin_dir = f"{target}/bin/python", f"{target}/bin"
+    fields = {}
+    for node in cluster.nodes:
+        wanted = {"python": python} if node.python != python else {}
+        path = node.env.get("PATH") or envs[node.host].path
+        if path.split(":")[0] != bin_dir:
+            wanted["env"] = {"PATH": f"{bin_dir}:{path}"}
+        if wanted:
+            fields[node.host] = wanted
+    if not fields:
+        return
+    out = cluster_out or cluster_in or "cluster.yaml"
+    base, source = clusteryaml.base_text(
+        cluster, cluster_in=cluster_in, out=out, written_by="trainfleet setup pyenv"
+    )
+    text = clusterfile.edit(base, source, nodes=fields)
+    if done := clusterfile.write(out, text, dry_run=result.dry_run):
+        result.add(THIS_MACHINE, done)
+        for host, change in clusteryaml.node_changes(base, text).items():
+            result.add(host, change)
+    result.files["cluster"] = out

@@ -1,0 +1,149 @@
+"""`setup pyenv` without nodes: which wheels a node can take and why not, what a node's report
+may hold, the package set, and wheels packed back from this environment that pip installs
+(the sandbox run, nodes and all, is in tests/cluster/test_setup.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+from trainfleet import node as node_programs
+from trainfleet.cluster import load_cluster
+from trainfleet.errors import SetupError
+from trainfleet.setup import pyenv, wheels
+from trainfleet.setup.pyenv import NodeEnv, parse_node_env, plan_node
+from trainfleet.setup.wheels import Dist, cannot_take, driver_too_old
+
+pytestmark = pytest.mark.unit
+
+LINUX = {"glibc": "2.36", "machine": "x86_64"}
+
+
+@pytest.mark.parametrize(
+    ("tag", "python", "why"),
+    [
+        ("cp311-cp311-manylinux_2_28_x86_64", "3.11", None),
+        ("cp311-cp311-manylinux_2_28_x86_64", "3.10", "built for Python 3.11, the node's is 3.10"),
+        ("cp310-abi3-manylinux2014_x86_64", "3.12", None),  # the stable ABI: 3.10 and newer
+        ("cp312-abi3-manylinux2014_x86_64", "3.11", "built for Python 3.12, the node's is 3.11"),
+        ("py311-none-any", "3.10", "built for Python 3.11, the node's is 3.10"),
+        ("py3-none-any", "3.8", None),
+        ("cp311-cp311-manylinux_2_39_x86_64", "3.11",
+         "needs glibc 2.39 or newer, the node has 2.36"),
+        ("cp311-cp311-manylinux_2_28_aarch64", "3.11", "built for aarch64, the node is x86_64"),
+        ("cp311-cp311-musllinux_1_2_x86_64", "3.11",
+         "built for musl libc (Alpine), the node has glibc 2.36"),
+    ],
+)  # fmt: skip
+def test_which_wheels_a_node_can_take(tag, python, why):
+    assert cannot_take(tag, python=python, **LINUX) == why
+
+
+def test_a_cuda_torch_needs_a_driver_new_enough_and_a_node_without_one_is_not_judged():
+    assert driver_too_old("2.7.1+cu126", "535.104.05") is None
+    assert driver_too_old("2.7.1+cu126", "470.82.01") == (
+        "torch 2.7.1+cu126 is built for CUDA 12.6, which needs NVIDIA driver 525.60.13 or "
+        "newer; the node has 470.82.01"
+    )
+    assert driver_too_old("2.7.1+cu126", None) is None
+    assert driver_too_old("2.13.0+cpu", "470.82.01") is None
+
+
+def test_a_nodes_report_is_data_and_nonsense_is_refused():
+    report = {"version": "3.11.2", "libc": "glibc", "libc_version": "2.36", "machine": "x86_64",
+              "in_target": True, "packages": {"Torch": "2.4.0", "evil; rm -rf /": "1",
+                                              "numpy": "$(reboot)"}}  # fmt: skip
+    env = parse_node_env("chatty bashrc line\n" + json.dumps(report))
+    assert env.packages == {"torch": "2.4.0"} and env.glibc == "2.36" and env.in_target
+    with pytest.raises(ValueError, match="python version"):
+        parse_node_env(json.dumps({**report, "version": "3.11\n[x]"}))
+    with pytest.raises(ValueError, match="no report"):
+        parse_node_env("Traceback ...")
+
+
+TORCH = Dist(name="torch", version="2.13.0+cpu", tags=("cp311-cp311-manylinux_2_28_x86_64",))
+PEFT = Dist(name="peft", version="0.21.2", tags=("py3-none-any",))
+
+
+def test_a_node_gets_what_it_lacks_or_has_at_another_version_and_nothing_else():
+    node = NodeEnv(version="3.11.2", packages={"torch": "2.4.0", "peft": "0.21.2"}, **LINUX)
+    assert plan_node(node, [TORCH, PEFT], python="3.11") == ([TORCH], [])
+    node.packages["torch"] = "2.13.0+cpu"
+    assert plan_node(node, [TORCH, PEFT], python="3.11") == ([], [])
+
+
+def test_a_node_that_cannot_take_the_environment_is_named_with_the_reason():
+    old = NodeEnv(version="3.9.18", **LINUX)
+    _, why = plan_node(old, [TORCH], python="3.11")
+    assert why == ["its newest python3 found Python is 3.9.18, this machine's is 3.11: the "
+                   "wheels are built for 3.11; install python3.11 there"]  # fmt: skip
+    locked = NodeEnv(version="3.11.2", writable=False, **LINUX)
+    assert plan_node(locked, [PEFT], python="3.11")[1] == ["cannot write there (permissions)"]
+
+
+def test_nothing_is_installed_anywhere_when_one_node_cannot_take_it(monkeypatch, tmp_path):
+    cluster = load_cluster(hosts="gpu-node-1,gpu-node-2")
+    envs = {"gpu-node-1": NodeEnv(version="3.11.2", **LINUX),
+            "gpu-node-2": NodeEnv(version="3.11.2", glibc="2.17", machine="x86_64")}  # fmt: skip
+    monkeypatch.setattr(pyenv, "inspect_nodes", lambda *a: envs)
+    monkeypatch.setattr(pyenv, "_install_everywhere", lambda *a: pytest.fail("installed"))
+    with pytest.raises(SetupError) as raised:
+        pyenv.setup_pyenv(cluster, target=str(tmp_path / "env"), confirm=lambda *a: True,
+                          cluster_in=None, cluster_out=str(tmp_path / "c.yaml"))  # fmt: skip
+    assert raised.value.what.startswith("nothing was installed anywhere: gpu-node-2 cannot take")
+    assert "torch 2.13.0+cpu: needs glibc 2.28 or newer, the node has 2.17" in raised.value.what
+    assert "gpu-node-1" not in raised.value.what and not (tmp_path / "c.yaml").exists()
+
+
+def test_the_package_set_is_the_training_stack_and_what_it_requires_installed_here():
+    dists, missing = wheels.closure(["accelerate", "no-such-package"])
+    names = {d.name for d in dists}
+    assert {"accelerate", "torch", "numpy", "psutil", "pyyaml"} <= names
+    assert "pytest" not in names and missing == ["no-such-package"]
+    assert all(d.version == wheels.installed()[d.name].version for d in dists)
+
+
+def test_requirements_files_give_names_and_a_bad_line_is_named(tmp_path):
+    req = tmp_path / "requirements.txt"
+    req.write_text("# ours\n-e .\npeft>=0.15  # LoRA\ndatasets[audio]==4.0\n")
+    assert wheels.requirement_names(str(req)) == ["peft", "datasets"]
+    req.write_text("peft\n???\n")
+    with pytest.raises(ValueError, match=r"requirements.txt:2: '\?\?\?'"):
+        wheels.requirement_names(str(req))
+
+
+def test_packed_wheels_install_with_no_index_into_a_new_environment(tmp_path):
+    """What the node job does, here: a venv made without pip, pip run from its packed wheel,
+    a package with a console script and one with a plain script (deepspeed's `bin/ds_report`
+    kind) installed; the scripts run with the new environment's python."""
+    dists = {d.name: d for d in wheels.closure(["pip", "hjson", "deepspeed"])[0]}
+    cache = tmp_path / "cache"
+    files = pyenv.gather([dists["pip"], dists["hjson"], dists["deepspeed"]], wheel_dirs=[],
+                         cache=cache)  # fmt: skip
+    with zipfile.ZipFile(files["deepspeed"]) as packed:
+        names = packed.namelist()
+        script = packed.read("deepspeed-0.19.8.data/scripts/ds_report")
+    assert not [n for n in names if "__pycache__" in n or n.endswith(("INSTALLER", ".pyc"))]
+    assert script.startswith(b"#!python\n")
+    target = tmp_path / "env"
+    wheel_dir = target / pyenv.WHEEL_DIR
+    wheel_dir.mkdir(parents=True)
+    for name in ("pip", "hjson"):
+        (wheel_dir / files[name].name).write_bytes(files[name].read_bytes())
+    job = {"target": str(target), "dir": str(wheel_dir), "pip": files["pip"].name,
+           "wheels": [files["pip"].name, files["hjson"].name]}  # fmt: skip
+    done = subprocess.run(node_programs.argv(sys.executable, "pyenv"), capture_output=True,
+                          input=node_programs.line("pyenv", "install", job))  # fmt: skip
+    assert done.returncode == 0, done.stderr.decode()
+    assert not wheel_dir.exists()  # trainfleet's own directory, removed once installed
+    assert (target / "bin" / "hjson").read_text().startswith(f"#!{target}/bin/python")
+    listed = subprocess.run([target / "bin" / "python", "-m", "pip", "list", "--format=json"],
+                            capture_output=True, text=True, check=True)  # fmt: skip
+    versions = {p["name"].lower(): p["version"] for p in json.loads(listed.stdout)}
+    assert versions == {"pip": dists["pip"].version, "hjson": dists["hjson"].version}
+    again = pyenv.gather([dists["hjson"]], wheel_dirs=[], cache=cache)
+    assert again["hjson"] == files["hjson"]  # packed once, kept
