@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -352,3 +353,79 @@ def test_sync_makes_code_differs_go_away_on_nodes_without_shared_storage(
     code, out, _ = _run(argv[:-1], capsys, monkeypatch)
 
     assert code == 0 and out.startswith("trainfleet sync: nothing changed"), out
+
+
+ALLREDUCE_WHERE = """\
+import sys, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+total = torch.tensor([dist.get_rank() + 1.0])
+dist.all_reduce(total)
+print(f"rank {dist.get_rank()} sum={total.item()} python={sys.prefix} torch={torch.__file__}")
+"""
+
+
+@pytest.fixture
+def node_local_dir():
+    """A directory each node sees as its own (the sandbox mounts a private copy over it), on a
+    path the password sandbox's user can reach (pytest's tmp_path is root's alone)."""
+    made = Path(tempfile.mkdtemp(prefix="tf-node-local-"))
+    made.chmod(0o755)
+    yield made
+    shutil.rmtree(made, ignore_errors=True)
+
+
+def test_setup_with_no_step_takes_bare_servers_to_a_clean_doctor_and_a_job_then_changes_nothing(
+    make_box, node_local_dir, tmp_path, capsys, monkeypatch
+):
+    """Fresh servers (#21): only a password gets in, the nodes' python has no torch, each node
+    has its own disk and no shared code, the master's firewall drops NCCL's ports. One
+    `trainfleet setup --yes` trusts ssh, records the nodes, installs this machine's training
+    environment on each node (no index there), opens the firewall with the user's sudo rights,
+    copies the code and ends with a clean full doctor (torch imported and a real all_reduce on
+    every node); a job then runs with the nodes' new torch; the same command again changes
+    nothing. (Train's step 1 on such nodes first compiles DeepSpeed's ops on each node, minutes
+    here: bench/bare_to_step1.py measures that path.)"""
+    project = node_local_dir / "project"
+    project.mkdir()
+    (project / "allreduce.py").write_text(ALLREDUCE_WHERE)
+    venv = node_local_dir / "venv"
+    box = make_box(6, nodes=2, auth="password", faults=["firewall-blocks-ports@1"],
+                   node_local_dir=str(node_local_dir))  # fmt: skip
+    cluster_file = tmp_path / "cluster.yaml"
+    spec = yaml.safe_load(box.cluster_file.read_text())
+    cluster_file.write_text(yaml.safe_dump({**spec, "python": "/usr/bin/python3"}))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # the packed wheels
+    argv = ["setup", "-c", str(cluster_file), "--venv", str(venv), "--code", str(project),
+            "--slots", "1", "--yes"]  # fmt: skip
+    password = box.password_file.read_text()
+
+    code, out, err = _run([*argv, "--password-stdin", "--json"], capsys, monkeypatch, password)
+
+    doc = json.loads(out)
+    assert code == 0 and doc["stopped"] is None, (doc, err[-3000:])
+    steps = {s["step"]: s for s in doc["steps"]}
+    assert list(steps) == ["ssh", "hostfile", "env", "pyenv", "firewall", "sync"]
+    installed = _changes(steps["pyenv"])
+    for host in ("gpu-node-1", "gpu-node-2"):
+        assert any(c.startswith(f"created {venv} (/usr/bin/python3") for c in installed[host])
+        assert f"python: {venv}/bin/python, PATH: {venv}/bin:" in installed[host][-1]
+    assert list(_changes(steps["firewall"])) == ["gpu-node-1"]
+    assert sorted(_changes(steps["sync"])) == ["gpu-node-1", "gpu-node-2"]
+    report = doc["doctor"]
+    assert report["exit_code"] == 0 and "collective" in report["phases"], report
+    assert [f["id"] for f in report["findings"] if f["severity"] != "info"] == [], report
+    assert not venv.exists()  # this machine's own view: the nodes' disks got it, not this one
+
+    launch = [sys.executable, "-m", "trainfleet", "launch", "-c", str(cluster_file), "--",
+              str(project / "allreduce.py")]  # fmt: skip
+    done = subprocess.run(launch, capture_output=True, text=True, timeout=180)
+    out = done.stdout + done.stderr
+
+    assert done.returncode == 0, out
+    for rank in (0, 1):
+        assert f"rank {rank} sum=3.0 python={venv} torch={venv}/lib/" in out, out
+
+    code, out, err = _run(argv, capsys, monkeypatch)
+
+    assert code == 0 and out.rstrip().endswith("trainfleet setup: nothing changed"), out
+    assert "doctor (full" in out and "no problems found" in out, out

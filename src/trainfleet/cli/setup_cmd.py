@@ -1,6 +1,8 @@
-"""`trainfleet setup ssh|hostfile|env|firewall`: from fresh servers to a clean doctor.
+"""`trainfleet setup [ssh|hostfile|env|pyenv|firewall]`: from fresh servers to a clean doctor.
 
+trainfleet setup -c cluster.yaml --yes          (every step, then the full doctor)
 trainfleet setup ssh -c cluster.yaml
+trainfleet setup pyenv -c cluster.yaml --venv /opt/envs/train -r requirements.txt
 trainfleet setup hostfile --hosts gpu-node-1,gpu-node-2 --out hostfile
 trainfleet setup firewall -c cluster.yaml --apply
 """
@@ -11,14 +13,21 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from trainfleet.cli.common import CLUSTER_YAML_EXAMPLE, add_cluster_arguments, cluster_from_args
 from trainfleet.errors import SetupError
 
-HELP = "ssh trust, host keys, hostfile, per-node env, firewall rule: each checked by doctor"
+HELP = (
+    "ssh trust, host keys, hostfile, per-node env, the training environment, firewall rule: "
+    "each checked by doctor"
+)
 DESCRIPTION = """\
 What the seeds do by hand, as commands that show what they change, change only what is
-missing (a second run says "nothing changed") and end with the matching doctor checks:
+missing (a second run says "nothing changed") and end with the matching doctor checks.
+With no step, every step in this order (firewall with --apply; sync only with --code DIR or
+cluster.yaml's workdir:), stopping at the first that fails, then the full doctor. All their
+changes are shown first in one list with one question (--yes: none; --dry-run: only the list):
 
   ssh       this machine's key (created if missing); every node's host keys shown and
             confirmed, written under every name the node is reached by; every node trusts
@@ -32,6 +41,13 @@ missing (a second run says "nothing changed") and end with the matching doctor c
             data interface, for the active firewall (iptables, nftables, ufw, firewalld);
             printed, or with --apply added (and recorded); --revert removes exactly that.
             A firewall is never disabled.
+  pyenv     this machine's training environment on every node (torch, deepspeed,
+            transformers, ... and -r FILE's packages, what they require, at this machine's
+            versions) in --venv PATH (default: this machine's venv path), from wheels
+            gathered here and copied over ssh: the nodes need no internet. Nodes that match
+            are left alone; a node that cannot take a wheel (its Python, glibc, driver) is
+            named and nothing is installed anywhere. cluster.yaml's `python:` points there.
+  (sync)    `trainfleet sync DIR`: the code directory to the nodes that do not share it.
 
 Every question can be answered up front with --yes; --dry-run shows the changes only."""
 
@@ -109,29 +125,74 @@ def _common(parser: argparse.ArgumentParser, *, cluster: bool = True) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="step", required=True, metavar="ssh|hostfile|env|firewall")
-    ssh = sub.add_parser("ssh", help="every node trusts every node (keys, host keys)")
-    _common(ssh)
-    ssh.add_argument(
+def _ssh_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
         "--known-hosts",
         metavar="FILE",
         help="trust the host keys this file holds (checked against what the nodes offer) "
         "instead of asking",
     )
-    ssh.add_argument(
+    parser.add_argument(
         "--password-stdin",
         action="store_true",
         help="read the login password from stdin's first line (used once, never kept; new host "
         "keys then need --yes or --known-hosts)",
     )
-    ssh.add_argument(
+    parser.add_argument(
         "--replace-changed-host-keys",
         action="store_true",
         help="replace known_hosts entries whose key CHANGED (a reinstalled node, or someone in "
         "between): only after comparing the fingerprints; --yes never does",
     )
-    hostfile = sub.add_parser("hostfile", help="count GPUs, write a hostfile and cluster.yaml")
+
+
+def _pyenv_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--venv",
+        metavar="PATH",
+        help="where the nodes get the environment (default: this machine's venv path)",
+    )
+    parser.add_argument(
+        "-r",
+        "--requirements",
+        metavar="FILE",
+        help="your project's requirements too (at the versions installed here)",
+    )
+    parser.add_argument(
+        "--wheels",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="wheel files to use as they are (repeatable; pip's find-links are used too; other"
+        " packages are packed from what is installed here)",
+    )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    # No step: every step (these options are theirs), then the full doctor.
+    _common(parser)
+    _ssh_arguments(parser)
+    _pyenv_arguments(parser)
+    parser.add_argument(
+        "--out", metavar="FILE", help="the hostfile to write (default: next to -c, else ./hostfile)"
+    )
+    parser.add_argument("--slots", type=int, metavar="N", help="slots of nodes without GPUs")
+    parser.add_argument(
+        "--code",
+        metavar="DIR",
+        help="the code directory to copy to nodes that do not share it (default: cluster.yaml's"
+        " workdir; neither: no sync)",
+    )
+    sub = parser.add_subparsers(dest="step", metavar="ssh|hostfile|env|pyenv|firewall")
+    steps = []
+    steps.append(
+        ssh := sub.add_parser("ssh", help="every node trusts every node (keys, host keys)")
+    )
+    _common(ssh)
+    _ssh_arguments(ssh)
+    steps.append(
+        hostfile := sub.add_parser("hostfile", help="count GPUs, write a hostfile and cluster.yaml")
+    )
     _common(hostfile)
     hostfile.add_argument("--out", default="hostfile", metavar="FILE", help="default: hostfile")
     hostfile.add_argument(
@@ -141,12 +202,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--out)",
     )
     hostfile.add_argument("--slots", type=int, metavar="N", help="slots of nodes without GPUs")
-    env = sub.add_parser("env", help="record each node's interface, python, CUDA_HOME, PATH")
+    steps.append(
+        env := sub.add_parser("env", help="record each node's interface, python, CUDA_HOME, PATH")
+    )
     _common(env)
     env.add_argument(
         "--cluster-out", metavar="FILE", help="default: the -c file, else ./cluster.yaml"
     )
-    firewall = sub.add_parser("firewall", help="the rule that lets the nodes reach each other")
+    steps.append(
+        pyenv := sub.add_parser(
+            "pyenv", help="this machine's training packages on every node, same versions"
+        )
+    )
+    _common(pyenv)
+    _pyenv_arguments(pyenv)
+    pyenv.add_argument(
+        "--package",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="one more package installed here to put on the nodes (repeatable)",
+    )
+    pyenv.add_argument(
+        "--cluster-out", metavar="FILE", help="default: the -c file, else ./cluster.yaml"
+    )
+    steps.append(
+        firewall := sub.add_parser("firewall", help="the rule that lets the nodes reach each other")
+    )
     _common(firewall)
     what = firewall.add_mutually_exclusive_group()
     what.add_argument("--apply", action="store_true", help="add the rule (after showing it)")
@@ -157,6 +239,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="where --apply records what it added (default: CLUSTER.yaml.firewall.json next to "
         "-c, else ~/.trainfleet/firewall.json)",
     )
+    for step in steps:
+        _keep_given_before_the_step(parser, step)
+
+
+def _keep_given_before_the_step(parser: argparse.ArgumentParser, step) -> None:
+    """`setup -c x.yaml ssh` means `setup ssh -c x.yaml`: argparse lets a step's own defaults
+    overwrite what was given before it, so the options both have (with the same default) are
+    left out of the step's namespace unless given after it."""
+    before = {a.dest: a.default for a in parser._actions}
+    for action in step._actions:
+        if action.dest != "help" and before.get(action.dest, ...) == action.default:
+            action.default = argparse.SUPPRESS
 
 
 # ----------------------------------------------------------------------------- run
@@ -198,6 +292,22 @@ def _env(args: argparse.Namespace, out):
     )
 
 
+def _pyenv(args: argparse.Namespace, out):
+    from trainfleet.setup.pyenv import setup_pyenv
+
+    return setup_pyenv(
+        cluster_from_args(args),
+        target=args.venv,
+        packages=args.package,
+        requirements=args.requirements,
+        wheel_dirs=args.wheels,
+        confirm=make_confirm(args.yes, out),
+        cluster_in=args.cluster_file,
+        cluster_out=args.cluster_out,
+        dry_run=args.dry_run,
+    )
+
+
 def _firewall(args: argparse.Namespace, out):
     from trainfleet.setup.fwapply import setup_firewall
 
@@ -211,11 +321,82 @@ def _firewall(args: argparse.Namespace, out):
     )
 
 
+def _every(args: argparse.Namespace, out) -> int:
+    from trainfleet.setup import every
+    from trainfleet.setup.env import setup_env
+    from trainfleet.setup.fwapply import setup_firewall
+    from trainfleet.setup.hostfile import setup_hostfile
+    from trainfleet.setup.pyenv import setup_pyenv
+    from trainfleet.setup.sync import sync_code
+    from trainfleet.setup.trust import setup_ssh
+
+    if not (args.cluster_file or args.hostfile or args.hosts):
+        raise SetupError(
+            "trainfleet setup with no step sets up a cluster: no nodes were named",
+            "name them: `trainfleet setup -c cluster.yaml` (or --hostfile FILE, or --hosts a,b),"
+            " or run one step, e.g. `trainfleet setup ssh --help`",
+        )
+    confirm = make_confirm(args.yes, out, replace_changed=args.replace_changed_host_keys)
+    given = args.cluster_file
+
+    def load(path: str | None):
+        if path is None or path == given:
+            return cluster_from_args(args)
+        # the file the hostfile step wrote from --hosts/--hostfile: only the chosen nodes
+        chosen = {"include": "", "exclude": "", "num_nodes": None, "num_gpus": None}
+        return cluster_from_args(
+            argparse.Namespace(
+                **{**vars(args), **chosen, "hostfile": None, "hosts": None, "cluster_file": path}
+            )  # fmt: skip
+        )
+
+    asked = make_password(args.password_stdin)
+    known: dict[str, str] = {}
+
+    def password(nodes: list[str]) -> str:  # asked once (a dry run first may need it too)
+        if "password" not in known:
+            known["password"] = asked(nodes)
+        return known["password"]
+
+    def run_step(step: str, cluster, cluster_file: str | None, *, dry_run: bool, confirm):
+        if step == "ssh":
+            return setup_ssh(cluster, confirm=confirm, password=password,
+                             trusted_file=args.known_hosts, dry_run=dry_run)  # fmt: skip
+        if step == "hostfile":
+            beside = Path(cluster_file).parent / "hostfile" if cluster_file else Path("hostfile")
+            return setup_hostfile(cluster, hostfile_out=args.out or str(beside),
+                                  cluster_in=cluster_file, cpu_slots=args.slots,
+                                  dry_run=dry_run)  # fmt: skip
+        if step == "env":
+            return setup_env(cluster, cluster_in=cluster_file, dry_run=dry_run)
+        if step == "pyenv":
+            return setup_pyenv(cluster, target=args.venv, requirements=args.requirements,
+                               wheel_dirs=args.wheels, confirm=confirm, cluster_in=cluster_file,
+                               dry_run=dry_run)  # fmt: skip
+        if step == "firewall":
+            return setup_firewall(cluster, mode="apply", cluster_in=cluster_file,
+                                  confirm=confirm, dry_run=dry_run)  # fmt: skip
+        return sync_code(cluster, args.code or cluster.workdir, confirm=confirm,
+                         dry_run=dry_run)  # fmt: skip
+
+    how = {"load": load, "cluster_file": given, "run_step": run_step, "code_dir": args.code,
+           "venv": args.venv}  # fmt: skip
+    if args.yes or args.dry_run:
+        run = every.setup_every(**how, confirm=lambda step: confirm, dry_run=args.dry_run)
+    else:  # every change in one list, one question
+        run = every.setup_asking_once(**how, confirm=confirm)
+    print(json.dumps(run.to_json(), indent=2) if args.json else every.render(run))
+    return run.exit_code
+
+
 def run(args: argparse.Namespace) -> int:
     from trainfleet.setup.result import render
 
     out = sys.stderr if args.json else sys.stdout
-    steps = {"ssh": _ssh, "hostfile": _hostfile, "env": _env, "firewall": _firewall}
+    if args.step is None:
+        return _every(args, out)
+    steps = {"ssh": _ssh, "hostfile": _hostfile, "env": _env, "pyenv": _pyenv,
+             "firewall": _firewall}  # fmt: skip
     result = steps[args.step](args, out)
     print(json.dumps(result.to_json(), indent=2) if args.json else render(result))
     return result.exit_code

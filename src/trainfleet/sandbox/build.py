@@ -108,7 +108,8 @@ def up(
     `login_shell` (e.g. /bin/sh) replaces root's shell on the nodes, so that commands skip this
     machine's ~/.bashrc; for benchmarks, where all nodes share this machine's cores.
     `node_local_dir`: every node sees its own private directory at that path (the state dir's
-    nodes/HOST/local, bind-mounted), as nodes without shared storage do.
+    nodes/HOST/local, bind-mounted; the test user's with auth="password"), as nodes without
+    shared storage do.
     `auth`: 'password' makes fresh servers: sshd accepts only the test user's password (in
     STATE/password), nothing is trusted, every node has its own home (see `users`).
     """
@@ -399,6 +400,9 @@ def _start_sshds(sandbox: Sandbox) -> None:
         if sandbox.node_local_dir:
             local = node_dir / "local"
             local.mkdir(exist_ok=True)
+            if sandbox.auth == "password":  # the test user's, as a data disk given to it
+                owner = (node_dir / "home").stat()
+                os.chown(local, owner.st_uid, owner.st_gid)
             script = f'mount --bind "$5" "$6" && {script}'
         if sandbox.auth == "password":  # the node's own home, at the one home path
             script = f'mount --bind "$7" "$8" && {script}'

@@ -8,11 +8,13 @@
 
 What fresh servers look like before `trainfleet setup ssh` (`sandbox up --auth password`): sshd
 accepts the user's password and nothing else, no key is trusted anywhere, root cannot log in.
-Each node has its own /etc/passwd and /etc/shadow (through /etc/netns/NETNS/, which
-`ip netns exec` mounts over /etc) and its own home: the state dir's nodes/HOST/home, mounted
-over STATE/home in the mount namespace of that node's sshd, so every node has its own ~/.ssh at
-the same path, as separate machines do. On this machine, STATE/home holds the launch side's ssh
-files (key, known_hosts); the user's real ~/.ssh is never read or written.
+Each node has its own /etc/passwd, /etc/shadow and /etc/sudoers.d (through /etc/netns/NETNS/,
+which `ip netns exec` mounts over /etc: the user may run the firewall tools with `sudo -n`, as
+on servers whose admin allows that, and nothing else as root) and its own home: the state
+dir's nodes/HOST/home, mounted over STATE/home in the mount namespace of that node's sshd, so
+every node has its own ~/.ssh at the same path, as separate machines do. On this machine,
+STATE/home holds the launch side's ssh files (key, known_hosts); the user's real ~/.ssh is
+never read or written.
 """
 
 from __future__ import annotations
@@ -96,6 +98,20 @@ def new_user(state: Path) -> SandboxUser:
     return SandboxUser(uid=uid, gid=group, home=str(state / "home"), login_shell=shell)
 
 
+FIREWALL_TOOLS = ("iptables", "ip6tables", "nft", "ufw", "firewall-cmd")
+
+
+def sudoers_line(user: SandboxUser) -> str | None:
+    """The user may run the firewall tools as root without a password, as an admin gives a
+    deploy user on GPU servers (what `setup firewall --apply` needs, through `sudo -n`);
+    None when this machine has no sudo."""
+    if shutil.which("sudo") is None:
+        return None
+    search = "/usr/sbin:/sbin:/usr/bin:/bin"
+    tools = [path for t in FIREWALL_TOOLS if (path := shutil.which(t, path=search))]
+    return f"{user.name} ALL=(root) NOPASSWD: {', '.join(tools)}\n" if tools else None
+
+
 def write_login_files(state: Path, netns_etc: list[Path], user: SandboxUser) -> str:
     """Create the password and each node's passwd/shadow with the user in them.
 
@@ -119,6 +135,10 @@ def write_login_files(state: Path, netns_etc: list[Path], user: SandboxUser) -> 
         (etc / "passwd").chmod(0o644)
         (etc / "shadow").write_text(shadow)
         (etc / "shadow").chmod(0o600)
+        if rule := sudoers_line(user):
+            (etc / "sudoers.d").mkdir(mode=0o755, exist_ok=True)
+            (etc / "sudoers.d" / "trainfleet-sandbox").write_text(rule)
+            (etc / "sudoers.d" / "trainfleet-sandbox").chmod(0o440)
     # The launch side's home: this machine's ssh files for the cluster (no key yet).
     Path(user.home).mkdir(mode=0o700, exist_ok=True)
     return password

@@ -92,7 +92,7 @@ def fold_notes(notes: Sequence[str]) -> list[str]:
     return [f"{fold_names(hosts)}: {text}" for text, hosts in by_text.items()]
 
 
-def _folded(changes: Sequence[Change]) -> list[str]:
+def folded_changes(changes: Sequence[Change]) -> list[str]:
     from trainfleet.nodeset import fold_names
 
     by_text: dict[str, list[str]] = {}
@@ -113,7 +113,7 @@ def render(result: SetupResult) -> str:
         head = head or f"{name} (dry run): nothing to change"
     else:
         head = f"{name}: {count} change(s)" if count else f"{name}: nothing changed"
-    lines = [head, *_folded(result.changes)]
+    lines = [head, *folded_changes(result.changes)]
     lines += [f"note: {note}" for note in result.notes]
     if result.checks:
         checks = ", ".join(result.checks)
