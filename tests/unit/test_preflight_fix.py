@@ -24,11 +24,13 @@ def test_each_command_once_in_the_order_setup_runs_its_steps_with_what_it_fixes(
         _finding("ssh-auth-failed", "gpu-node-2", "gpu-node-3"),
         _finding("iface-mismatch", "gpu-node-3"),
         _finding("port-in-use", "gpu-node-1"),  # no command fixes it: its fix text says what to do
+        _finding("torch-missing", "gpu-node-2"),
     ]
     assert commands_that_fix(found, ["--hostfile", "my hosts"]) == [
         "trainfleet setup ssh --hostfile 'my hosts'   (ssh-auth-failed on gpu-node-[2-3])",
         "trainfleet setup env --hostfile 'my hosts'"
         "   (remote-env-differs on gpu-node-2, iface-mismatch on gpu-node-3)",
+        "trainfleet setup pyenv --hostfile 'my hosts'   (torch-missing on gpu-node-2)",
         "trainfleet setup firewall --apply --hostfile 'my hosts'"
         "   (firewall-blocks-ports on gpu-node-1)",
     ]

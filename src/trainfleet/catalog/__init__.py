@@ -38,6 +38,10 @@ CATALOG: dict[FindingId, Entry] = {**connectivity.ENTRIES, **node.ENTRIES}
 """Every id's entry, in the order of docs/findings.md."""
 
 
+SETUP_ORDER = ("setup ssh", "setup hostfile", "setup env", "setup pyenv", "setup firewall", "sync")
+"""The order `trainfleet setup` runs its steps in (each builds on the ones before)."""
+
+
 def commands_that_fix(findings, cluster_flags: Sequence[str]) -> list[str]:
     """One line per trainfleet command that fixes some of `findings` (`Entry.fixed_by`), in
     the order `setup`'s steps run, each with the ids and nodes it fixes; `cluster_flags` are
@@ -51,7 +55,6 @@ def commands_that_fix(findings, cluster_flags: Sequence[str]) -> list[str]:
     """
     from trainfleet.nodeset import fold_names
 
-    order = [entry.fixed_by for entry in CATALOG.values() if entry.fixed_by]
     fixes: dict[str, list[str]] = {}
     for finding in findings:
         command = CATALOG[FindingId(finding.id)].fixed_by
@@ -60,7 +63,7 @@ def commands_that_fix(findings, cluster_flags: Sequence[str]) -> list[str]:
     flags = shlex.join(cluster_flags)
     return [
         f"trainfleet {command} {flags}".rstrip() + f"   ({', '.join(fixes[command])})"
-        for command in sorted(fixes, key=order.index)
+        for command in sorted(fixes, key=lambda c: SETUP_ORDER.index(c.split(" --")[0]))
     ]
 
 

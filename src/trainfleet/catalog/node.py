@@ -15,14 +15,18 @@ ENTRIES: dict[FindingId, Entry] = {
         seen="deadlocks or cryptic errors in the first collective",
         detect="versions from each node's configured python (an import, else package "
         "metadata); transformers and accelerate only warn",
-        fix="the same environment on every node",
+        fix="the same environment on every node: `trainfleet setup pyenv` installs this "
+        "machine's versions there",
+        fixed_by="setup pyenv",
     ),
     FindingId.TORCH_MISSING: Entry(
         area=_SW,
         title="torch cannot be imported on a node",
         seen="`ImportError` on one node only",
         detect="`import torch` in a subprocess with a timeout, with each node's python",
-        fix="install torch there, or point the node's `python:` at the environment that has it",
+        fix="install torch there (`trainfleet setup pyenv`), or point the node's `python:` at the "
+        "environment that has it",
+        fixed_by="setup pyenv",
         sandbox=Sandbox(
             setup="a node's `python:` set to an interpreter without torch", tests=_DOCTOR
         ),
