@@ -130,6 +130,11 @@ def plan_node(node: NodeEnv, dists: list[Dist], *, python: str) -> tuple[list[Di
             reasons.append(old)
     if todo and not node.writable:
         reasons.append("cannot write there (permissions)")
+    # the wheels (about half of it, compressed) and the installed files at once
+    need = sum(d.installed_bytes for d in todo) * 3 // 2
+    if node.free_bytes is not None and node.free_bytes < need:
+        reasons.append(f"needs about {need / 1e9:.1f} GB free there, the disk has "
+                       f"{node.free_bytes / 1e9:.1f} GB")  # fmt: skip
     return todo, reasons
 
 
@@ -288,7 +293,10 @@ def setup_pyenv(
             )
     verb = "would install" if dry_run else "installed"
     for host, names in todo.items():
-        made = "" if envs[host].in_target else f"created {target} ({envs[host].executable}), "
+        made = ""
+        if not envs[host].in_target:
+            verb_made = "would create" if dry_run else "created"
+            made = f"{verb_made} {target} ({envs[host].executable}), "
         listed = ", ".join(f"{d.name} {d.version}" for d in names[:6])
         more = f" and {len(names) - 6} more" if len(names) > 6 else ""
         result.add(host, f"{made}{verb} {len(names)} package(s): {listed}{more}")

@@ -34,9 +34,10 @@ from pathlib import Path
 TRAINING = ("torch", "deepspeed", "transformers", "accelerate", "peft", "datasets", "trl",
             "flash-attn", "bitsandbytes", "xformers", "liger-kernel", "tokenizers",
             "safetensors", "sentencepiece", "ninja", "tensorboard", "wandb", "py-spy",
-            "trainfleet", "pip")  # fmt: skip
+            "matplotlib", "trainfleet", "pip")  # fmt: skip
 """Installed on the nodes when installed here: the stack trainfleet train and the usual
-trainers import, trainfleet itself (train's ranks import it), and pip (what installs them)."""
+trainers import (matplotlib: train's loss.png), trainfleet itself (train's ranks import it),
+and pip (what installs them)."""
 
 MIN_DRIVER = {"11": (450, 80, 2), "12": (525, 60, 13), "13": (580, 65, 6)}
 """CUDA major -> the oldest Linux driver that runs it (NVIDIA's CUDA compatibility guide, minor
@@ -59,6 +60,8 @@ class Dist:
     """From its WHEEL file (py3-none-any when it has none)."""
     editable: str | None = None
     """The source directory of an editable install (its link is what the nodes get)."""
+    installed_bytes: int = 0
+    """What its files take here (RECORD's sizes): what it takes on a node."""
 
     @property
     def filename(self) -> str:
@@ -86,6 +89,7 @@ def _dist(dist: metadata.Distribution) -> Dist:
         version=dist.version,
         tags=tags or ("py3-none-any",),
         editable=editable,
+        installed_bytes=sum(f.size or 0 for f in dist.files or []),
     )
 
 
