@@ -83,6 +83,11 @@ def test_a_node_that_cannot_take_the_environment_is_named_with_the_reason():
                    "wheels are built for 3.11; install python3.11 there"]  # fmt: skip
     locked = NodeEnv(version="3.11.2", writable=False, **LINUX)
     assert plan_node(locked, [PEFT], python="3.11")[1] == ["cannot write there (permissions)"]
+    big = Dist(name="torch", version="2.13.0+cpu", tags=TORCH.tags, installed_bytes=2_000_000_000)
+    full = NodeEnv(version="3.11.2", free_bytes=1_000_000_000, **LINUX)
+    assert plan_node(full, [big], python="3.11")[1] == [
+        "needs about 3.0 GB free there, the disk has 1.0 GB"
+    ]
 
 
 def test_nothing_is_installed_anywhere_when_one_node_cannot_take_it(monkeypatch, tmp_path):
@@ -147,3 +152,14 @@ def test_packed_wheels_install_with_no_index_into_a_new_environment(tmp_path):
     assert versions == {"pip": dists["pip"].version, "hjson": dists["hjson"].version}
     again = pyenv.gather([dists["hjson"]], wheel_dirs=[], cache=cache)
     assert again["hjson"] == files["hjson"]  # packed once, kept
+
+
+def test_without_pip_here_nothing_is_asked_of_the_nodes(monkeypatch, tmp_path):
+    """A venv made by uv (or --without-pip) has no pip to give the nodes: said before any node
+    is looked at."""
+    monkeypatch.setattr(wheels, "closure", lambda roots: ([TORCH, PEFT], []))
+    monkeypatch.setattr(pyenv, "inspect_nodes", lambda *a: pytest.fail("nodes asked"))
+    with pytest.raises(SetupError, match="pip is not installed here") as raised:
+        pyenv.setup_pyenv(load_cluster(hosts="gpu-node-1"), target=str(tmp_path / "env"),
+                          confirm=lambda *a: True)  # fmt: skip
+    assert "-m ensurepip" in raised.value.fix

@@ -206,10 +206,10 @@ def _copy(node: Node, target: str, files: list[Path]) -> str:
         )
         tar.stdout.close()
         tar_err = tar.stderr.read().decode(errors="replace")
+    if extract.returncode != 0:  # first: tar here then only saw its reader go away
+        return extract.stderr.decode(errors="replace").strip() or f"exit {extract.returncode}"
     if tar.returncode != 0:
         return f"tar here: {tar_err.strip()}"
-    if extract.returncode != 0:
-        return extract.stderr.decode(errors="replace").strip() or f"exit {extract.returncode}"
     return ""
 
 
@@ -271,6 +271,11 @@ def setup_pyenv(
         raise SetupError(
             f"{', '.join(not_here)} not installed here: the nodes get this machine's versions",
             f"install {' '.join(not_here)} here first (pip install), then run this again",
+        )
+    if not any(d.name == "pip" for d in dists):  # a venv made by uv, or --without-pip
+        raise SetupError(
+            "pip is not installed here, and the nodes install the wheels with it",
+            f"install it here first: `{sys.executable} -m ensurepip`",
         )
     python = this_python()
     envs = inspect_nodes(cluster, target, python)
