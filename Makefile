@@ -39,18 +39,22 @@ AX_PINS   ?= transformers==5.16.1 tokenizers==0.23.1 datasets==4.8.4 accelerate=
 
 all: test
 
+# --no-compile: pip would byte-compile every module of every package (torch, transformers,
+# axolotl...: most never imported here); the ones the tests import compile on first import.
+PIP_QUIET := -q --no-compile
+
 $(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q "$(TORCH_PIN)"
-	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/pip install $(PIP_QUIET) "$(TORCH_PIN)"
+	$(BIN)/pip install $(PIP_QUIET) -e ".[dev]"
 	# The launch tests run DeepSpeed's real runner (the version verified here, see docs/launch.md).
-	$(BIN)/pip install -q "$(DEEPSPEED_PIN)"
+	$(BIN)/pip install $(PIP_QUIET) "$(DEEPSPEED_PIN)"
 	# The planner's counts are checked against transformers' own models (meta device);
 	# HfDeepSpeedConfig (zero.Init while loading) needs accelerate.
-	$(BIN)/pip install -q "$(TRANSFORMERS_PIN)" "$(ACCELERATE_PIN)"
-	$(BIN)/pip install -q $(TRAIN_PINS)
-	$(BIN)/pip install -q $(THIRD_PARTY_PINS)
+	$(BIN)/pip install $(PIP_QUIET) "$(TRANSFORMERS_PIN)" "$(ACCELERATE_PIN)"
+	$(BIN)/pip install $(PIP_QUIET) $(TRAIN_PINS)
+	$(BIN)/pip install $(PIP_QUIET) $(THIRD_PARTY_PINS)
 	touch $@
 
 venv: $(STAMP)
@@ -62,8 +66,8 @@ define layered_venv
 	site='import sysconfig; print(sysconfig.get_paths()["purelib"])'; \
 	echo "import site; site.addsitedir('$$($(BIN)/python -c "$$site")')" \
 	  > "$$($(1)/bin/python -c "$$site")/zz-trainfleet-venv.pth"
-	$(1)/bin/pip install -q --no-deps $(2)
-	$(1)/bin/pip install -q --no-warn-conflicts $(3)
+	$(1)/bin/pip install $(PIP_QUIET) --no-deps $(2)
+	$(1)/bin/pip install $(PIP_QUIET) --no-warn-conflicts $(3)
 endef
 
 # LLaMA-Factory's web UI, API and media dependencies (gradio, av, torchvision, modelscope...)

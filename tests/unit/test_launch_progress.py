@@ -243,6 +243,30 @@ def test_once_every_rank_has_exited_silence_is_no_hang(tmp_path):
     assert run.output.joins.exited == {0: 0}
 
 
+def test_after_every_ranks_last_step_the_end_is_judged_by_the_startup_bound(tmp_path):
+    """Seen in a fresh-clone run: after a restart, both ranks beat step 24/24 and exported, then
+    torchrun's exit barrier on a loaded machine outlasted the 5 s hang timeout before every exit
+    mark came in. A final save or export advances no step: the end has the startup bound."""
+    from trainfleet.cluster import load_cluster
+    from trainfleet.launch import LaunchOptions, new_run_id, prepare
+    from trainfleet.launch.supervisor import _Run
+
+    options = LaunchOptions(command=("-c", "pass"), run_id=new_run_id(), hang_timeout=5.0,
+                            startup_timeout=60.0)  # fmt: skip
+    plan, _ = prepare(load_cluster(), options, run_dir=tmp_path)
+    run = _Run(plan, tmp_path, io.StringIO())
+    progress = run.output.progress
+    progress.beat(0, {"step": 23, "total_steps": 24}, now=time.time() - 30)
+    assert not progress.finishing and run._hung()  # a step still to go: a hang
+    run = _Run(plan, tmp_path, io.StringIO())
+    progress = run.output.progress
+    progress.beat(0, {"step": 24, "total_steps": 24}, now=time.time() - 30)
+    assert progress.finishing and not run._hung()  # 30 s < the 60 s bound
+    progress.last_advance = time.time() - 90
+    assert run._hung() and progress.hang["phase"] == "finishing"
+    assert "ended its last step 90 s ago" in run.output.out.getvalue()
+
+
 def test_the_launcher_names_a_straggler_once_and_says_when_it_no_longer_is(tmp_path):
     """Judged as `trainfleet status` judges it (the busy_s medians, 20% margin), every
     STRAGGLERS_EVERY_S while the run goes on."""

@@ -42,7 +42,8 @@ def add_startup_timeout_argument(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="before the first step, while the ranks beat startup phases (loading, "
         "tokenizing: trainfleet.heartbeat.beating), stop when none made progress for S seconds;"
-        " the hang timeout starts at the first step (default 1800; 0: off)",
+        " the hang timeout starts at the first step, and this bound comes back once every rank"
+        " has beaten its last step (a final save, an export) (default 1800; 0: off)",
     )
 
 

@@ -52,7 +52,8 @@ the run is stopped and doctor's checks say why. Ctrl-C stops everything the same
 With --hang-timeout, a run whose ranks send heartbeats (trainfleet.heartbeat.beat) and stop
 advancing is stopped after every rank's stack is dumped and the collective it is stuck in is
 read from every rank's Flight Recorder (which ranks entered it, which never did); beats with a
-phase before the first step (loading, tokenizing) are judged by --startup-timeout instead.
+phase before the first step (loading, tokenizing), and the time after every rank's last step
+(a final save, an export), are judged by --startup-timeout instead.
 With --max-restarts N, a run that
 failed, hung or stalled is started again after the quick preflight, TRAINFLEET_RESTART=1, 2...
 telling the script. `trainfleet status` shows the run's progress from another terminal."""

@@ -81,7 +81,8 @@ class LaunchOptions:
     startup_timeout: float | None = 1800.0
     """Seconds without startup progress (a new phase, or a phase's progress growing, in the
     beats before the first step: loading, tokenizing) before the run is HUNG in its startup;
-    None: not judged. The hang timeout starts at the first step."""
+    None: not judged. The hang timeout starts at the first step; once every rank has beaten its
+    last step (the final save, an export), this bound applies again."""
     restart: int = 0
     """How many times this run has been restarted (`--max-restarts`): TRAINFLEET_RESTART on
     every rank, so that a script knows to resume."""

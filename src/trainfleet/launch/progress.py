@@ -14,6 +14,8 @@ Startup: beats that carry a phase (`beat(0, phase="tokenizing", phase_progress=n
 rank's first plain step beat are the run's startup; while it lasts, `in_startup` is True and the
 launcher judges it by its own bound (`--startup-timeout`), not the hang timeout: a long
 tokenization that keeps advancing is neither a hang nor a reason to raise the training one.
+So is the end, once every rank has beaten its last step (`finishing`): a final save or export
+advances no step.
 
     >>> s = Progress(run_id="r2", ranks={"n": range(0, 1)}, started_at=0.0)
     >>> s.beat(0, {"step": 0, "phase": "tokenizing", "phase_progress": 100}, now=10.0)
@@ -30,10 +32,10 @@ status.json (version 1): `run_id`, `state` (the supervisor's RunState value, or 
 `step_times_s` and `busy_times_s`: the last STEP_HISTORY seconds between a rank's successive
 steps, and its busy seconds per step), `startup_timeout_s`, `training_started_at` (null while
 the run is starting up: before the first plain step beat), `hang` (null, or what the watchdog
-found: `stuck_s`, `detected_at`, `phase` (`startup` or `training`), `step`, `behind` (each
-`node`, `rank`, `where`), `stacks`, `collectives` (the stuck collective per process group, from
-the ranks' Flight Recorder: `launch/collectives.py`), `flight_records` (the ranks that gave
-one)), and `restarts`
+found: `stuck_s`, `detected_at`, `phase` (`startup`, `training` or `finishing`), `step`,
+`behind` (each `node`, `rank`, `where`), `stacks`, `collectives` (the stuck collective per
+process group, from the ranks' Flight Recorder: `launch/collectives.py`), `flight_records`
+(the ranks that gave one)), and `restarts`
 (each `at`, `attempt`, `after_run`, `cause`), and `launcher` (`host`, `pid`, `pid_start`: the
 process that writes the file, so that `trainfleet status` on that host can tell a launcher
 that ended at once).
@@ -117,6 +119,16 @@ class Progress:
     def in_startup(self) -> bool:
         """Some rank has beaten, and every beat so far was a startup phase's."""
         return self.last_advance is not None and self.training_started_at is None
+
+    @property
+    def finishing(self) -> bool:
+        """Every rank has beaten its last step (`step` == `total_steps`): what follows (the
+        final save, an export, the teardown) advances no step."""
+        rows = self.rows.values()
+        return bool(rows) and all(
+            row["step"] is not None and row.get("total_steps") and row["step"] >= row["total_steps"]
+            for row in rows
+        )
 
     def behind(self) -> list[int]:
         """The ranks at the lowest step (all of them when they are level): where a hang is."""

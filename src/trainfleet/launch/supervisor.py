@@ -267,16 +267,23 @@ class _Run:
             # CI: a loaded node's agent took longer than a 5 s hang timeout to end).
             return False
         startup = progress.in_startup
-        timeout = self.plan.options.startup_timeout if startup else self.plan.options.hang_timeout
+        # Before the first step and after the last, no step advances for a while by design
+        # (loading, tokenizing; the final save, an export): their own bound.
+        phase = "startup" if startup else "finishing" if progress.finishing else "training"
+        own_bound = phase != "training"
+        timeout = self.plan.options.startup_timeout if own_bound else self.plan.options.hang_timeout
         stuck = progress.stuck_for(now=time.time())
         if timeout is None or stuck is None or stuck < timeout:
             return False
         self.state = RunState.HUNG
         progress.hang = {"stuck_s": round(stuck, 1), "detected_at": time.time(),
-                         "phase": "startup" if startup else "training"}  # fmt: skip
+                         "phase": phase}  # fmt: skip
         if startup:
             what = f"no rank made startup progress for {stuck:.0f} s"
             what += f" (startup timeout {timeout:g} s)"
+        elif own_bound:
+            what = f"every rank ended its last step {stuck:.0f} s ago and the run has not ended"
+            what += f" (startup timeout {timeout:g} s, also the bound for the end)"
         else:
             what = f"no rank advanced a step for {stuck:.0f} s (hang timeout {timeout:g} s)"
         self.output.note(

@@ -87,7 +87,10 @@ def install(job):
     # pip runs from its own wheel (a zip on sys.path): the environment needs no pip to start.
     pip = os.path.join(job["dir"], job["pip"], "pip")
     argv = [python, pip, "install", "--no-index", "--no-deps", "--disable-pip-version-check"]
-    argv += ["--no-warn-script-location", "--quiet"]
+    # --no-compile: pip would compile every module of every package (torch's install takes 2.6
+    # times as long here); the modules training imports are compiled on first import instead,
+    # which setup's closing doctor does once per node.
+    argv += ["--no-warn-script-location", "--no-compile", "--quiet"]
     argv += [os.path.join(job["dir"], name) for name in job["wheels"]]
     done = subprocess.run(argv, stdout=sys.stderr)
     if done.returncode == 0:
