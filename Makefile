@@ -39,9 +39,9 @@ AX_PINS   ?= transformers==5.16.1 tokenizers==0.23.1 datasets==4.8.4 accelerate=
 
 all: test
 
-# --no-compile: pip would byte-compile every module of every package (torch, transformers,
-# axolotl...: most never imported here); the ones the tests import compile on first import.
-PIP_QUIET := -q --no-compile
+# pip byte-compiles every module it installs: where PYTHONDONTWRITEBYTECODE is set (as on
+# this machine, and passed on to every rank like any PYTHON* variable), nothing else would.
+PIP_QUIET := -q
 
 $(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)

@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -364,6 +365,10 @@ print(f"rank {dist.get_rank()} sum={total.item()} python={sys.prefix} torch={tor
 """
 
 
+HJSON = metadata.version("hjson")
+"""A small package of the training stack (DeepSpeed needs it), at this machine's version."""
+
+
 @pytest.fixture
 def node_local_dir():
     """A directory each node sees as its own (the sandbox mounts a private copy over it), on a
@@ -429,3 +434,17 @@ def test_setup_with_no_step_takes_bare_servers_to_a_clean_doctor_and_a_job_then_
 
     assert code == 0 and out.rstrip().endswith("trainfleet setup: nothing changed"), out
     assert "doctor (full" in out and "no problems found" in out, out
+
+    # One package gone from one node's environment: that node gets that package, no other.
+    site = sorted(
+        box.state_dir.glob(f"nodes/gpu-node-2/local/{venv.name}/lib/python3*/site-packages")
+    )
+    for gone in (*site[0].glob("hjson"), *site[0].glob("hjson-*.dist-info")):
+        shutil.rmtree(gone)
+    pyenv = ["setup", "pyenv", "-c", str(cluster_file), "--venv", str(venv), "--yes", "--json"]
+
+    code, out, err = _run(pyenv, capsys, monkeypatch)
+
+    doc = json.loads(out)
+    assert code == 0 and doc["findings"] == [], (doc, err[-2000:])
+    assert _changes(doc) == {"gpu-node-2": [f"installed 1 package(s): hjson {HJSON}"]}, doc

@@ -145,6 +145,7 @@ def test_packed_wheels_install_with_no_index_into_a_new_environment(tmp_path):
                           input=node_programs.line("pyenv", "install", job))  # fmt: skip
     assert done.returncode == 0, done.stderr.decode()
     assert not wheel_dir.exists()  # trainfleet's own directory, removed once installed
+    assert list(target.glob("lib/python3*/site-packages/hjson/__pycache__/*.pyc"))  # compiled
     assert (target / "bin" / "hjson").read_text().startswith(f"#!{target}/bin/python")
     listed = subprocess.run([target / "bin" / "python", "-m", "pip", "list", "--format=json"],
                             capture_output=True, text=True, check=True)  # fmt: skip
