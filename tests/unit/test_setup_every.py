@@ -152,8 +152,9 @@ def test_options_given_before_a_step_are_kept():
 
 def test_without_yes_every_change_is_listed_first_and_asked_once(doctor_runs):
     """The dry run of every step makes the list; one yes covers the steps in it. A step that
-    could not look before the others' changes (here: pyenv) asks on its own when it comes, and
-    a CHANGED host key is never covered by the one yes."""
+    could not look before the others' changes (here: pyenv) asks on its own when it comes, so
+    does ssh (new host keys are trusted on the question that shows their fingerprints), and a
+    CHANGED host key is never covered by the one yes."""
     questions = []
 
     def confirm(question, changed_keys=False):
@@ -167,7 +168,8 @@ def test_without_yes_every_change_is_listed_first_and_asked_once(doctor_runs):
     assert first.startswith("trainfleet setup will make these changes:")
     assert "  ssh: gpu-node-1: ssh done" in first and "  sync: gpu-node-1: sync done" in first
     assert "  pyenv: cannot look before the steps above" in first
-    assert [q for q, _ in questions[1:]] == ["pyenv: go ahead?"]  # only the one not listed
+    # the ones not in the list, and ssh's (the host keys' fingerprints are in its question)
+    assert [q for q, _ in questions[1:]] == ["ssh: go ahead?", "pyenv: go ahead?"]
     assert all(steps.answers.values()) and run.exit_code == 0 and len(doctor_runs) == 1
 
     questions.clear()

@@ -27,7 +27,8 @@ What the seeds do by hand, as commands that show what they change, change only w
 missing (a second run says "nothing changed") and end with the matching doctor checks.
 With no step, every step in this order (firewall with --apply; sync only with --code DIR or
 cluster.yaml's workdir:), stopping at the first that fails, then the full doctor. All their
-changes are shown first in one list with one question (--yes: none; --dry-run: only the list):
+changes are shown first in one list with one question (new host keys keep theirs, with
+their fingerprints; --yes: none; --dry-run: only the list):
 
   ssh       this machine's key (created if missing); every node's host keys shown and
             confirmed, written under every name the node is reached by; every node trusts

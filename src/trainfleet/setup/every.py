@@ -136,14 +136,16 @@ def setup_asking_once(
     """Every step shown first (a dry run of all of them), one question for the lot, then the
     run. A step that could not be looked at before an earlier one's changes (nothing trusts
     this machine's key yet) still asks its own question when it comes: its changes were not
-    in the list. Replacing CHANGED host keys is never covered by the one yes."""
+    in the list. So does ssh's question about the nodes' host keys (it shows their
+    fingerprints, which the list does not), and replacing CHANGED ones."""
     preview = setup_every(
         load, cluster_file=cluster_file, confirm=lambda step: confirm, run_step=run_step,
         code_dir=code_dir, venv=venv, dry_run=True,
     )  # fmt: skip
     if preview.stopped:
         return preview
-    shown = {r.step for r in preview.results}
+    # New host keys are trusted on their own question, which shows their fingerprints.
+    shown = {r.step for r in preview.results} - {"ssh"}
     listed = change_list(preview)
     if listed and not confirm("\n".join(["trainfleet setup will make these changes:", *listed,
                                          "go ahead?"])):  # fmt: skip
