@@ -81,6 +81,10 @@ def test_a_node_that_cannot_take_the_environment_is_named_with_the_reason():
     _, why = plan_node(old, [TORCH], python="3.11")
     assert why == ["its newest python3 found Python is 3.9.18, this machine's is 3.11: the "
                    "wheels are built for 3.11; install python3.11 there"]  # fmt: skip
+    pypy = NodeEnv(version="3.11.9", implementation="pypy", **LINUX)
+    assert plan_node(pypy, [PEFT], python="3.11")[1] == [
+        "its python is pypy, this machine's is cpython"
+    ]
     locked = NodeEnv(version="3.11.2", writable=False, **LINUX)
     assert plan_node(locked, [PEFT], python="3.11")[1] == ["cannot write there (permissions)"]
     big = Dist(name="torch", version="2.13.0+cpu", tags=TORCH.tags, installed_bytes=2_000_000_000)

@@ -78,6 +78,7 @@ class NodeEnv:
     executable: str = ""
     path: str = DEFAULT_PATH
     """PATH as non-interactive ssh sets it there."""
+    implementation: str = "cpython"
 
 
 def parse_node_env(stdout: str) -> NodeEnv:
@@ -110,6 +111,7 @@ def parse_node_env(stdout: str) -> NodeEnv:
         free_bytes=free if isinstance(free, int) else None,
         executable=printable(str(raw.get("executable", ""))),
         path=path if _PATH.fullmatch(path := str(raw.get("path", ""))) else DEFAULT_PATH,
+        implementation=word("implementation") or "unknown",
     )
 
 
@@ -121,6 +123,8 @@ def plan_node(node: NodeEnv, dists: list[Dist], *, python: str) -> tuple[list[Di
                     f"are built for {python}; install python{python} there"]  # fmt: skip
     todo = [d for d in dists if node.packages.get(d.name) != d.version]
     reasons = []
+    if node.implementation != "cpython":  # cp311 wheels are CPython's
+        reasons.append(f"its python is {node.implementation}, this machine's is cpython")
     for dist in todo:
         why = [wheels.cannot_take(t, python=python, glibc=node.glibc, machine=node.machine)
                for t in dist.tags]  # fmt: skip
