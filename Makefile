@@ -48,13 +48,12 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install $(PIP_QUIET) "$(TORCH_PIN)"
 	$(BIN)/pip install $(PIP_QUIET) -e ".[dev]"
-	# The launch tests run DeepSpeed's real runner (the version verified here, see docs/launch.md).
-	$(BIN)/pip install $(PIP_QUIET) "$(DEEPSPEED_PIN)"
-	# The planner's counts are checked against transformers' own models (meta device);
-	# HfDeepSpeedConfig (zero.Init while loading) needs accelerate.
-	$(BIN)/pip install $(PIP_QUIET) "$(TRANSFORMERS_PIN)" "$(ACCELERATE_PIN)"
-	$(BIN)/pip install $(PIP_QUIET) $(TRAIN_PINS)
-	$(BIN)/pip install $(PIP_QUIET) $(THIRD_PARTY_PINS)
+	# One resolver run for the rest (pins all): the launch tests run DeepSpeed's real runner (the
+	# version verified here, see docs/launch.md); the planner's counts are checked against
+	# transformers' own models (meta device), and HfDeepSpeedConfig (zero.Init while loading)
+	# needs accelerate; then what train uses and the third-party trainers.
+	$(BIN)/pip install $(PIP_QUIET) "$(DEEPSPEED_PIN)" "$(TRANSFORMERS_PIN)" "$(ACCELERATE_PIN)" \
+	  $(TRAIN_PINS) $(THIRD_PARTY_PINS)
 	touch $@
 
 venv: $(STAMP)

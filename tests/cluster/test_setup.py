@@ -356,15 +356,6 @@ def test_sync_makes_code_differs_go_away_on_nodes_without_shared_storage(
     assert code == 0 and out.startswith("trainfleet sync: nothing changed"), out
 
 
-ALLREDUCE_WHERE = """\
-import sys, torch, torch.distributed as dist
-dist.init_process_group("gloo")
-total = torch.tensor([dist.get_rank() + 1.0])
-dist.all_reduce(total)
-print(f"rank {dist.get_rank()} sum={total.item()} python={sys.prefix} torch={torch.__file__}")
-"""
-
-
 HJSON = metadata.version("hjson")
 """A small package of the training stack (DeepSpeed needs it), at this machine's version."""
 
@@ -379,20 +370,20 @@ def node_local_dir():
     shutil.rmtree(made, ignore_errors=True)
 
 
-def test_setup_with_no_step_takes_bare_servers_to_a_clean_doctor_and_a_job_then_changes_nothing(
+def test_setup_with_no_step_takes_bare_servers_to_a_clean_doctor_and_again_changes_nothing(
     make_box, node_local_dir, tmp_path, capsys, monkeypatch
 ):
     """Fresh servers (#21): only a password gets in, the nodes' python has no torch, each node
     has its own disk and no shared code, the master's firewall drops NCCL's ports. One
     `trainfleet setup --yes` trusts ssh, records the nodes, installs this machine's training
     environment on each node (no index there), opens the firewall with the user's sudo rights,
-    copies the code and ends with a clean full doctor (torch imported and a real all_reduce on
-    every node); a job then runs with the nodes' new torch; the same command again changes
-    nothing. (Train's step 1 on such nodes first compiles DeepSpeed's ops on each node, minutes
-    here: bench/bare_to_step1.py measures that path.)"""
+    copies the code and ends with a clean full doctor: the nodes' new torch imported and a
+    real all_reduce across them; the same command again changes nothing. (Train's step 1 on
+    such nodes first compiles DeepSpeed's ops on each node, minutes here:
+    bench/bare_to_step1.py measures that path.)"""
     project = node_local_dir / "project"
     project.mkdir()
-    (project / "allreduce.py").write_text(ALLREDUCE_WHERE)
+    (project / "train.py").write_text("print('v1')\n")
     venv = node_local_dir / "venv"
     box = make_box(6, nodes=2, auth="password", faults=["firewall-blocks-ports@1"],
                    node_local_dir=str(node_local_dir))  # fmt: skip
@@ -419,16 +410,11 @@ def test_setup_with_no_step_takes_bare_servers_to_a_clean_doctor_and_a_job_then_
     report = doc["doctor"]
     assert report["exit_code"] == 0 and "collective" in report["phases"], report
     assert [f["id"] for f in report["findings"] if f["severity"] != "info"] == [], report
+    torch_here = metadata.version("torch")
+    for host in ("gpu-node-1", "gpu-node-2"):  # the all_reduce ran on the nodes' new torch
+        node = report["nodes"][host]
+        assert (node["python"], node["versions"]["torch"]) == (f"{venv}/bin/python", torch_here)
     assert not venv.exists()  # this machine's own view: the nodes' disks got it, not this one
-
-    launch = [sys.executable, "-m", "trainfleet", "launch", "-c", str(cluster_file), "--",
-              str(project / "allreduce.py")]  # fmt: skip
-    done = subprocess.run(launch, capture_output=True, text=True, timeout=180)
-    out = done.stdout + done.stderr
-
-    assert done.returncode == 0, out
-    for rank in (0, 1):
-        assert f"rank {rank} sum=3.0 python={venv} torch={venv}/lib/" in out, out
 
     code, out, err = _run(argv, capsys, monkeypatch)
 
