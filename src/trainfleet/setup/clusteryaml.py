@@ -12,8 +12,10 @@ from pathlib import Path
 
 import yaml
 
+from trainfleet import clusterfile
 from trainfleet.cluster import Cluster, parse_cluster_yaml
 from trainfleet.clusterfile import new
+from trainfleet.setup.result import THIS_MACHINE, SetupResult
 
 
 def base_text(
@@ -49,3 +51,25 @@ def node_changes(old: str, new: str) -> dict[str, str]:
         if diff:
             changes[host] = ", ".join(f"{k}: {v}" for k, v in diff.items())
     return changes
+
+
+def record(
+    cluster: Cluster,
+    nodes: clusterfile.NodeFields,
+    *,
+    cluster_in: str | None,
+    out: str,
+    written_by: str,
+    result: SetupResult,
+) -> str:
+    """Edit `nodes` into the cluster.yaml a step updates (`base_text`), write it unless the
+    step is a dry run, and add the file and each node's changed fields to `result`. Returns
+    the new text."""
+    base, source = base_text(cluster, cluster_in=cluster_in, out=out, written_by=written_by)
+    text = clusterfile.edit(base, source, nodes=nodes)
+    if done := clusterfile.write(out, text, dry_run=result.dry_run):
+        result.add(THIS_MACHINE, done)
+        for host, change in node_changes(base, text).items():
+            result.add(host, change)
+    result.files["cluster"] = out
+    return text

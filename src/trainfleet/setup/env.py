@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 
-from trainfleet import clusterfile
 from trainfleet.catalog import FindingId
 from trainfleet.cluster import Cluster, parse_cluster_yaml
 from trainfleet.doctor import netsel
@@ -28,7 +27,7 @@ from trainfleet.errors import SetupError
 from trainfleet.nodeset import fold_names
 from trainfleet.remote import run_on_nodes
 from trainfleet.setup import clusteryaml, verify
-from trainfleet.setup.result import THIS_MACHINE, SetupResult, fold_notes
+from trainfleet.setup.result import SetupResult, fold_notes
 
 TOOLS = ("python3", "torchrun", "deepspeed", "ninja", "nvcc")
 _LOGIN_SCRIPT = """\
@@ -169,16 +168,8 @@ def setup_env(
         node_notes += [f"{node.host}: {note}" for note in notes]
     result.notes += fold_notes(node_notes)
     out = cluster_out or cluster_in or "cluster.yaml"
-    base, source = clusteryaml.base_text(
-        cluster, cluster_in=cluster_in, out=out, written_by="trainfleet setup env"
-    )
-    text = clusterfile.edit(base, source, nodes=fields)
-    done = clusterfile.write(out, text, dry_run=dry_run)
-    if done:
-        result.add(THIS_MACHINE, done)
-        for host, change in clusteryaml.node_changes(base, text).items():
-            result.add(host, change)
-    result.files["cluster"] = out
+    text = clusteryaml.record(cluster, fields, cluster_in=cluster_in, out=out,
+                              written_by="trainfleet setup env", result=result)  # fmt: skip
     checked = parse_cluster_yaml(text, out) if not dry_run else cluster
     result.checks = [verify.ENV.label]
     result.findings = verify.findings(verify.survey(checked, verify.ENV), verify.ENV)

@@ -32,7 +32,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainfleet import clusterfile
 from trainfleet import node as node_programs
 from trainfleet.cluster import Cluster, Node, parse_cluster_yaml
 from trainfleet.cluster.validate import PATH_RE
@@ -40,7 +39,7 @@ from trainfleet.errors import SetupError
 from trainfleet.nodeset import fold_names
 from trainfleet.remote import run_on_nodes
 from trainfleet.setup import clusteryaml, verify, wheels
-from trainfleet.setup.result import THIS_MACHINE, Confirm, SetupResult
+from trainfleet.setup.result import Confirm, SetupResult
 from trainfleet.setup.transfer import COPY_TIMEOUT_S, tar_extract_argv
 from trainfleet.setup.wheels import Dist
 from trainfleet.untrusted import printable
@@ -142,8 +141,9 @@ def plan_node(node: NodeEnv, dists: list[Dist], *, python: str) -> tuple[list[Di
     return todo, reasons
 
 
-def _inspect_argv(target: str, python: str) -> list[str]:
-    """TARGET's python when there is one, else the node's python3.X, else python3."""
+def _with_target_python(target: str, python: str) -> list[str]:
+    """A node program run by TARGET's python when there is one, else by the node's python3.X,
+    else python3 (`inspect` and `install` both)."""
     pick = (
         'p="$1/bin/python"; [ -x "$p" ] || p=$(command -v "python$2" || command -v python3); '
         'shift 2; exec "$p" "$@"'
@@ -153,7 +153,9 @@ def _inspect_argv(target: str, python: str) -> list[str]:
 
 def inspect_nodes(cluster: Cluster, target: str, python: str) -> dict[str, NodeEnv]:
     stdin = node_programs.line("pyenv", "inspect", {"target": target})
-    results = run_on_nodes(cluster.nodes, _inspect_argv(target, python), stdin=stdin, timeout=60)
+    results = run_on_nodes(
+        cluster.nodes, _with_target_python(target, python), stdin=stdin, timeout=60
+    )
     down = [r for r in results if r.failure.is_connection_failure]
     if down:
         raise SetupError(
@@ -220,7 +222,7 @@ def _copy(node: Node, target: str, files: list[Path]) -> str:
 def _install(node: Node, target: str, python: str, names: list[str], pip: str) -> str:
     job = {"target": target, "dir": f"{target}/{WHEEL_DIR}", "wheels": names, "pip": pip}
     stdin = node_programs.line("pyenv", "install", job)
-    [done] = run_on_nodes([node], _inspect_argv(target, python), stdin=stdin,
+    [done] = run_on_nodes([node], _with_target_python(target, python), stdin=stdin,
                           timeout=COPY_TIMEOUT_S)  # fmt: skip
     if done.ok:
         return ""
@@ -369,13 +371,6 @@ def _record_python(cluster, target, envs, cluster_in, cluster_out, result) -> No
             fields[node.host] = wanted
     if not fields:
         return
-    out = cluster_out or cluster_in or "cluster.yaml"
-    base, source = clusteryaml.base_text(
-        cluster, cluster_in=cluster_in, out=out, written_by="trainfleet setup pyenv"
-    )
-    text = clusterfile.edit(base, source, nodes=fields)
-    if done := clusterfile.write(out, text, dry_run=result.dry_run):
-        result.add(THIS_MACHINE, done)
-        for host, change in clusteryaml.node_changes(base, text).items():
-            result.add(host, change)
-    result.files["cluster"] = out
+    clusteryaml.record(cluster, fields, cluster_in=cluster_in,
+                       out=cluster_out or cluster_in or "cluster.yaml",
+                       written_by="trainfleet setup pyenv", result=result)  # fmt: skip
