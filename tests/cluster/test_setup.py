@@ -10,11 +10,13 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import zipfile
 from importlib import metadata
 from pathlib import Path
 
@@ -29,6 +31,8 @@ from trainfleet.doctor import run_doctor
 from trainfleet.examples import ALLREDUCE
 from trainfleet.keyscan import fingerprint
 from trainfleet.remote import Failure, run_on_nodes
+from trainfleet.setup import wheels
+from trainfleet.train import demo_assets
 
 pytestmark = pytest.mark.cluster
 
@@ -64,6 +68,7 @@ def make_box():
 
 
 def _run(argv: list[str], capsys, monkeypatch, stdin: str = "") -> tuple[int, str, str]:
+    capsys.readouterr()  # only this command's output (not, say, a library's log line before)
     monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
     code = main(argv)
     out, err = capsys.readouterr()
@@ -370,20 +375,41 @@ def node_local_dir():
     shutil.rmtree(made, ignore_errors=True)
 
 
-def test_setup_with_no_step_takes_bare_servers_to_a_clean_doctor_and_again_changes_nothing(
+def _old_hjson_wheel(directory: Path) -> Path:
+    """A real wheel of hjson at a version this machine does not have (0.0.1): what a node
+    installed long ago."""
+    info = "hjson-0.0.1.dist-info"
+    files = {
+        "hjson/__init__.py": b"__version__ = '0.0.1'\n",
+        f"{info}/METADATA": b"Metadata-Version: 2.1\nName: hjson\nVersion: 0.0.1\n",
+        f"{info}/WHEEL": b"Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = [f"{name},{wheels.record_hash(data)},{len(data)}" for name, data in files.items()]
+    path = directory / "hjson-0.0.1-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as wheel:
+        for name, data in files.items():
+            wheel.writestr(name, data)
+        wheel.writestr(f"{info}/RECORD", "\n".join([*record, f"{info}/RECORD,,"]))
+    path.chmod(0o644)
+    return path
+
+
+def test_setup_with_no_step_takes_bare_servers_to_a_first_training_step_and_again_changes_nothing(
     make_box, node_local_dir, tmp_path, capsys, monkeypatch
 ):
     """Fresh servers (#21): only a password gets in, the nodes' python has no torch, each node
-    has its own disk and no shared code, the master's firewall drops NCCL's ports. One
+    has its own disk and no shared code, the master's firewall drops NCCL's ports. A node whose
+    disk the user cannot write stops `setup` before anything is installed anywhere. Then one
     `trainfleet setup --yes` trusts ssh, records the nodes, installs this machine's training
-    environment on each node (no index there), opens the firewall with the user's sudo rights,
-    copies the code and ends with a clean full doctor: the nodes' new torch imported and a
-    real all_reduce across them; the same command again changes nothing. (Train's step 1 on
-    such nodes first compiles DeepSpeed's ops on each node, minutes here:
-    bench/bare_to_step1.py measures that path.)"""
+    environment on each node (no index there), builds DeepSpeed's ops on one node and copies
+    them to the other, opens the firewall with the user's sudo rights, copies the code and
+    ends with a clean full doctor; `trainfleet train` reaches its first step with nothing
+    compiled at launch; the same setup again changes nothing, and a node with one package at
+    another version gets this machine's."""
     project = node_local_dir / "project"
-    project.mkdir()
-    (project / "train.py").write_text("print('v1')\n")
+    demo_assets.write_tokenizer(project / "model")
+    demo_assets.write_model(project / "model", tokenizer_dir=project / "model", seed=0)
+    demo_assets.write_dataset(project / "data.jsonl", n=48)
     venv = node_local_dir / "venv"
     box = make_box(6, nodes=2, auth="password", faults=["firewall-blocks-ports@1"],
                    node_local_dir=str(node_local_dir))  # fmt: skip
@@ -394,17 +420,34 @@ def test_setup_with_no_step_takes_bare_servers_to_a_clean_doctor_and_again_chang
     argv = ["setup", "-c", str(cluster_file), "--venv", str(venv), "--code", str(project),
             "--slots", "1", "--yes"]  # fmt: skip
     password = box.password_file.read_text()
+    disks = {h: box.state_dir / "nodes" / h / "local" for h in ("gpu-node-1", "gpu-node-2")}
+    disks["gpu-node-2"].chmod(0o555)  # the user may not write there
 
     code, out, err = _run([*argv, "--password-stdin", "--json"], capsys, monkeypatch, password)
+
+    doc = json.loads(out)
+    assert code == 1 and doc["stopped"]["step"] == "pyenv", (doc, err[-3000:])
+    assert doc["stopped"]["error"] == (
+        "nothing was installed anywhere: gpu-node-2 cannot take the environment: cannot write "
+        "there (permissions)"
+    )
+    assert not (disks["gpu-node-1"] / venv.name).exists()  # not half-installed
+    disks["gpu-node-2"].chmod(0o755)
+
+    code, out, err = _run([*argv, "--json"], capsys, monkeypatch)
 
     doc = json.loads(out)
     assert code == 0 and doc["stopped"] is None, (doc, err[-3000:])
     steps = {s["step"]: s for s in doc["steps"]}
     assert list(steps) == ["ssh", "hostfile", "env", "pyenv", "firewall", "sync"]
     installed = _changes(steps["pyenv"])
+    ops = "fused_adam, deepspeed_shm_comm"
     for host in ("gpu-node-1", "gpu-node-2"):
         assert any(c.startswith(f"created {venv} (/usr/bin/python3") for c in installed[host])
         assert f"python: {venv}/bin/python, PATH: {venv}/bin:" in installed[host][-1]
+    assert re.fullmatch(r"built DeepSpeed ops fused_adam \(\d+ s\), deepspeed_shm_comm \(\d+ s\)",
+                        installed["gpu-node-1"][1]), installed  # fmt: skip
+    assert installed["gpu-node-2"][1] == f"DeepSpeed ops {ops}: copied from gpu-node-1"
     assert list(_changes(steps["firewall"])) == ["gpu-node-1"]
     assert sorted(_changes(steps["sync"])) == ["gpu-node-1", "gpu-node-2"]
     report = doc["doctor"]
@@ -416,17 +459,35 @@ def test_setup_with_no_step_takes_bare_servers_to_a_clean_doctor_and_again_chang
         assert (node["python"], node["versions"]["torch"]) == (f"{venv}/bin/python", torch_here)
     assert not venv.exists()  # this machine's own view: the nodes' disks got it, not this one
 
+    # Train's output is the one directory every node shares; its ranks run as the test user.
+    shared = Path(tempfile.mkdtemp(prefix="tf-train-out-"))
+    owner = (box.state_dir / "nodes" / "gpu-node-1" / "home").stat()
+    os.chown(shared, owner.st_uid, owner.st_gid)
+    train = [sys.executable, "-m", "trainfleet", "train", "-c", str(cluster_file),
+             "--model", str(project / "model"), "--data", str(project / "data.jsonl"),
+             "--output", str(shared / "out"), "--max-steps", "1", "--seq-len", "64",
+             "--no-export"]  # fmt: skip
+    try:
+        done = subprocess.run(train, capture_output=True, text=True, timeout=400, umask=0)
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+    said = done.stdout + done.stderr
+    assert done.returncode == 0 and "step 1/1" in said, said[-4000:]
+    assert "Building extension module" not in said and "ninja" not in said, said[-4000:]
+
     code, out, err = _run(argv, capsys, monkeypatch)
 
     assert code == 0 and out.rstrip().endswith("trainfleet setup: nothing changed"), out
     assert "doctor (full" in out and "no problems found" in out, out
 
-    # One package gone from one node's environment: that node gets that package, no other.
-    site = sorted(
-        box.state_dir.glob(f"nodes/gpu-node-2/local/{venv.name}/lib/python3*/site-packages")
-    )
-    for gone in (*site[0].glob("hjson"), *site[0].glob("hjson-*.dist-info")):
-        shutil.rmtree(gone)
+    # One package at another version on one node (installed there by pip): that node gets
+    # this machine's version of it, nothing else changes anywhere.
+    old = _old_hjson_wheel(disks["gpu-node-2"])
+    pip = [f"{venv}/bin/python", "-m", "pip", "install", "-q", "--no-index", "--no-deps",
+           f"{node_local_dir}/{old.name}"]  # fmt: skip
+    assert main(["exec", "-c", str(cluster_file), "-i", "gpu-node-2", "--", *pip]) == 0
+    site = sorted(disks["gpu-node-2"].glob(f"{venv.name}/lib/python3*/site-packages"))[0]
+    assert [p.name for p in site.glob("hjson-*.dist-info")] == ["hjson-0.0.1.dist-info"]
     pyenv = ["setup", "pyenv", "-c", str(cluster_file), "--venv", str(venv), "--yes", "--json"]
 
     code, out, err = _run(pyenv, capsys, monkeypatch)
@@ -434,3 +495,4 @@ def test_setup_with_no_step_takes_bare_servers_to_a_clean_doctor_and_again_chang
     doc = json.loads(out)
     assert code == 0 and doc["findings"] == [], (doc, err[-2000:])
     assert _changes(doc) == {"gpu-node-2": [f"installed 1 package(s): hjson {HJSON}"]}, doc
+    assert [p.name for p in site.glob("hjson-*.dist-info")] == [f"hjson-{HJSON}.dist-info"]

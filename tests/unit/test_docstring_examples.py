@@ -60,6 +60,8 @@ MODULES = [
     "trainfleet.setup.pyenv",
     "trainfleet.setup.wheels",
     "trainfleet.node.pyenv",
+    "trainfleet.setup.dsops",
+    "trainfleet.node.dsops",
     "trainfleet.launch.restarts",
     "trainfleet.launch.rootcause",
     "trainfleet.procs",

@@ -48,6 +48,8 @@ their fingerprints; --yes: none; --dry-run: only the list):
             gathered here and copied over ssh: the nodes need no internet. Nodes that match
             are left alone; a node that cannot take a wheel (its Python, glibc, driver) is
             named and nothing is installed anywhere. cluster.yaml's `python:` points there.
+            DeepSpeed's JIT ops (--ds-ops) are built on one node and copied to the others,
+            so the first launch compiles nothing.
   (sync)    `trainfleet sync DIR`: the code directory to the nodes that do not share it.
 
 Every question can be answered up front with --yes; --dry-run shows the changes only."""
@@ -166,6 +168,13 @@ def _pyenv_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="wheel files to use as they are (repeatable; pip's find-links are used too; other"
         " packages are packed from what is installed here)",
+    )
+    parser.add_argument(
+        "--ds-ops",
+        metavar="NAMES",
+        help="DeepSpeed's JIT ops to build during setup, on one node, copied to the others "
+        "(comma-separated builder names, e.g. fused_adam,cpu_adam; default: fused_adam, plus "
+        "deepspeed_shm_comm with a CPU torch; none: leave them to the first launch)",
     )
 
 
@@ -306,6 +315,7 @@ def _pyenv(args: argparse.Namespace, out):
         cluster_in=args.cluster_file,
         cluster_out=args.cluster_out,
         dry_run=args.dry_run,
+        ds_ops=args.ds_ops,
     )
 
 
@@ -373,7 +383,7 @@ def _every(args: argparse.Namespace, out) -> int:
         if step == "pyenv":
             return setup_pyenv(cluster, target=args.venv, requirements=args.requirements,
                                wheel_dirs=args.wheels, confirm=confirm, cluster_in=cluster_file,
-                               dry_run=dry_run)  # fmt: skip
+                               dry_run=dry_run, ds_ops=args.ds_ops)  # fmt: skip
         if step == "firewall":
             return setup_firewall(cluster, mode="apply", cluster_in=cluster_file,
                                   confirm=confirm, dry_run=dry_run)  # fmt: skip

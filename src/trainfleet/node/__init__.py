@@ -24,6 +24,7 @@ reads it as its lifeline.
     files       private files (the deepspeed backend's), known_hosts lines, sync's prune
     procs       ending a run's processes by id; stack dumps of ranks (py-spy)
     pyenv       `setup pyenv`'s jobs: what a node's environment holds; installing wheels
+    dsops       `setup pyenv`'s DeepSpeed ops: built for the environment or not; building them
     collective  doctor's stack phase: torch imported once, then a real all_reduce
     porthold    a port held on purpose (the sandbox's `port-in-use` fault)
 """

@@ -23,11 +23,13 @@ index, and doctor's version checks end the step.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +40,7 @@ from trainfleet.cluster.validate import PATH_RE
 from trainfleet.errors import SetupError
 from trainfleet.nodeset import fold_names
 from trainfleet.remote import run_on_nodes
-from trainfleet.setup import clusteryaml, verify, wheels
+from trainfleet.setup import clusteryaml, dsops, verify, wheels
 from trainfleet.setup.result import Confirm, SetupResult
 from trainfleet.setup.transfer import COPY_TIMEOUT_S, tar_extract_argv
 from trainfleet.setup.wheels import Dist
@@ -141,14 +143,14 @@ def plan_node(node: NodeEnv, dists: list[Dist], *, python: str) -> tuple[list[Di
     return todo, reasons
 
 
-def _with_target_python(target: str, python: str) -> list[str]:
+def _with_target_python(target: str, python: str, program: str = "pyenv") -> list[str]:
     """A node program run by TARGET's python when there is one, else by the node's python3.X,
-    else python3 (`inspect` and `install` both)."""
+    else python3 (`inspect` and `install` both; `dsops` once TARGET exists)."""
     pick = (
         'p="$1/bin/python"; [ -x "$p" ] || p=$(command -v "python$2" || command -v python3); '
         'shift 2; exec "$p" "$@"'
     )
-    return ["sh", "-c", pick, "sh", target, python, *node_programs.argv("python3", "pyenv")[1:]]
+    return ["sh", "-c", pick, "sh", target, python, *node_programs.argv("python3", program)[1:]]
 
 
 def inspect_nodes(cluster: Cluster, target: str, python: str) -> dict[str, NodeEnv]:
@@ -230,6 +232,10 @@ def _install(node: Node, target: str, python: str, names: list[str], pip: str) -
     return "; ".join(tail) or done.reason()
 
 
+def _say(text: str) -> None:
+    print(f"trainfleet setup pyenv: {text}", file=sys.stderr, flush=True)
+
+
 def this_python() -> str:
     return "{}.{}".format(*sys.version_info[:2])
 
@@ -251,8 +257,11 @@ def setup_pyenv(
     cluster_in: str | None = None,
     cluster_out: str | None = None,
     dry_run: bool = False,
+    ds_ops: str | None = None,
+    say: Callable[[str], None] = _say,
 ) -> SetupResult:
-    """Install this machine's training packages into `target` on every node that differs."""
+    """Install this machine's training packages into `target` on every node that differs, then
+    DeepSpeed's JIT ops (`ds_ops`, see `trainfleet.setup.dsops`) where they are not built."""
     target = target or default_target()
     if not target:
         raise SetupError(
@@ -311,12 +320,26 @@ def setup_pyenv(
         listed = ", ".join(f"{d.name} {d.version}" for d in names[:6])
         more = f" and {len(names) - 6} more" if len(names) > 6 else ""
         result.add(host, f"{made}{verb} {len(names)} package(s): {listed}{more}")
-    if todo and not dry_run:
+    ops = dsops.chosen(ds_ops, {d.name for d in dists}, cpu_torch=dsops.torch_is_cpu_only())
+    job_envs = {n.host: dsops.job_env(n, target, envs[n.host].path) for n in cluster.nodes}
+    argv_for = functools.partial(_with_target_python, target, python)
+    ops_todo = _ops_to_build(cluster, envs, argv_for, target, ops, job_envs)
+    if dry_run:
+        for host, names in ops_todo.items():
+            result.add(host, f"would build DeepSpeed ops {', '.join(names)} (on one node, "
+                             "copied to the others)")  # fmt: skip
+    elif todo or ops_todo:
         plan = [f"  {c.node}: {c.what}" for c in result.changes]
+        plan += [f"  {h}: build DeepSpeed ops {', '.join(o)} (on one node, copied to the others)"
+                 for h, o in ops_todo.items()]  # fmt: skip
         if not confirm("\n".join([f"install into {target} on:", *plan, "go ahead?"])):
             raise SetupError("the installation was not confirmed; nothing was changed",
                              "run again and answer yes, or pass --yes")  # fmt: skip
-        _install_everywhere(cluster, dists, todo, target, python, wheel_dirs, cache, result)
+        if todo:
+            _install_everywhere(cluster, dists, todo, target, python, wheel_dirs, cache, result)
+        if ops:
+            dsops.prepare(cluster, argv_for=argv_for, target=target, ops=ops, envs=job_envs,
+                          result=result, say=say)  # fmt: skip
     _record_python(cluster, target, envs, cluster_in, cluster_out, result)
     checked = cluster
     if not dry_run and (written := result.files.get("cluster")):
@@ -324,6 +347,16 @@ def setup_pyenv(
     result.checks = [verify.PYENV.label]
     result.findings = verify.findings(verify.survey(checked, verify.PYENV), verify.PYENV)
     return result
+
+
+def _ops_to_build(cluster, envs, argv_for, target, ops, job_envs) -> dict[str, list[str]]:
+    """{host: the ops it lacks}, asked of the nodes that have TARGET (the others lack all)."""
+    if not ops:
+        return {}
+    ready = [h for h, env in envs.items() if env.in_target]
+    states = dsops.survey(cluster, ready, argv_for, target, ops, job_envs) if ready else {}
+    wanted = {n.host: states[n.host].todo if n.host in states else list(ops) for n in cluster.nodes}
+    return {host: names for host, names in wanted.items() if names}
 
 
 def _install_everywhere(cluster, dists, todo, target, python, wheel_dirs, cache, result):

@@ -263,7 +263,7 @@ def repack(dist: Dist, into: Path) -> Path:
                 if b"python" in first:
                     data = b"#!python\n" + rest  # pip writes the node's own python there
             wheel.writestr(_info(arcname, source), data, compresslevel=1)
-            record.append((arcname, _hash(data), str(len(data))))
+            record.append((arcname, record_hash(data), str(len(data))))
         record.append((f"{info}/RECORD", "", ""))
         text = io.StringIO()
         csv.writer(text, lineterminator="\n").writerows(record)
@@ -301,6 +301,6 @@ def _info(arcname: str, source: Path) -> zipfile.ZipInfo:
     return entry
 
 
-def _hash(data: bytes) -> str:
+def record_hash(data: bytes) -> str:
     digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
     return "sha256=" + digest.decode()

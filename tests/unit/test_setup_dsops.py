@@ -1,0 +1,187 @@
+"""DeepSpeed's ops during `setup pyenv`, without nodes: which ops, what a node's report may
+hold, when ninja counts a build directory as current (a real ninja on a small build), and the
+order of work over the nodes with their answers stubbed (the sandbox run builds the real ops on
+real nodes: tests/cluster/test_setup.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainfleet.cluster import load_cluster
+from trainfleet.errors import SetupError
+from trainfleet.node import dsops as node_dsops
+from trainfleet.setup import dsops
+from trainfleet.setup.dsops import Built, OpsState, parse_build, parse_state
+from trainfleet.setup.result import SetupResult
+
+pytestmark = pytest.mark.unit
+
+NINJA = shutil.which("ninja", path=os.path.dirname(sys.executable)) or shutil.which("ninja")
+
+
+def test_the_default_ops_are_what_a_zero_run_builds_and_none_is_none():
+    assert dsops.chosen(None, {"deepspeed"}, cpu_torch=False) == ("fused_adam",)
+    assert dsops.chosen("auto", {"deepspeed"}, cpu_torch=True) == (
+        "fused_adam", "deepspeed_shm_comm")  # fmt: skip
+    assert dsops.chosen("none", {"deepspeed"}, cpu_torch=True) == ()
+    assert dsops.chosen(None, {"torch"}, cpu_torch=True) == ()  # no deepspeed, no ops
+    assert dsops.chosen("cpu_adam, cpu_adam,fused_adam", {"deepspeed"}, cpu_torch=True) == (
+        "cpu_adam", "fused_adam")  # fmt: skip
+    with pytest.raises(SetupError, match=r"--ds-ops: 'x;rm -rf' is not an op name"):
+        dsops.chosen("x;rm -rf", {"deepspeed"}, cpu_torch=True)
+    # this machine's torch is the CPU build
+    assert dsops.torch_is_cpu_only() is ("+cpu" in __import__("torch").__version__)
+
+
+def test_a_nodes_state_report_is_checked_before_use():
+    ops = {"fused_adam": "current", "deepspeed_shm_comm": "prebuilt", "x": "current"}
+    good = json.dumps({"root": "/home/u/.cache/torch_extensions/py311_cpu", "ops": ops})
+    state = parse_state("noise\n" + good, ("fused_adam", "deepspeed_shm_comm", "cpu_adam"))
+    assert state.ops == {"fused_adam": "current", "deepspeed_shm_comm": "prebuilt",
+                         "cpu_adam": "missing"}  # fmt: skip
+    assert state.todo == ["cpu_adam"]
+    odd = '{"root": "/tmp/$(reboot)", "ops": {}}'
+    with pytest.raises(ValueError, match="extensions directory"):
+        parse_state(odd, ("fused_adam",))
+    weird = '{"root": null, "ops": {"fused_adam": "done, trust me"}}'
+    assert parse_state(weird, ("fused_adam",)).todo == ["fused_adam"]
+    with pytest.raises(ValueError, match="no report"):
+        parse_state("Traceback ...", ("fused_adam",))
+
+
+def test_a_nodes_build_report_counts_an_op_it_does_not_mention_as_failed():
+    lines = [
+        json.dumps({"op": "fused_adam", "result": "built", "seconds": 61.2, "error": ""}),
+        json.dumps({"op": "fused_adam2", "result": "built"}),  # not asked for
+        json.dumps({"op": "cpu_adam", "result": "exploded"}),  # not a result
+        "{not json",
+    ]
+    built = parse_build("\n".join(lines), ("fused_adam", "cpu_adam"))
+    assert built == [Built(op="fused_adam", result="built", seconds=61.2),
+                     Built(op="cpu_adam", result="failed", error="no report")]  # fmt: skip
+
+
+def _ninja_build(directory: Path, source: Path) -> None:
+    """A build directory shaped like torch's cpp_extension's (compile, then link rules)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "build.ninja").write_text(
+        "rule compile\n  command = cp $in $out\n"
+        "rule link\n  command = cp $in $out\n"
+        f"build op.o: compile {source}\n"
+        "build op.so: link op.o\n"
+        "default op.so\n"
+    )
+    subprocess.run([NINJA, "-C", str(directory)], check=True, capture_output=True)
+
+
+@pytest.mark.skipif(NINJA is None, reason="needs ninja (the venv's, from deepspeed's deps)")
+def test_ninja_decides_whether_a_build_and_a_copy_of_it_are_current(tmp_path):
+    target = tmp_path / "venv"
+    source = target / "lib" / "op.cpp"
+    source.parent.mkdir(parents=True)
+    source.write_text("int x;\n")
+    built = tmp_path / "node-1" / "op"
+    assert node_dsops.op_state(str(built), str(target), NINJA) == "missing"
+    _ninja_build(built, source)
+    assert node_dsops.op_state(str(built), str(target), NINJA) == "current"
+    # another environment's build (its sources elsewhere) is not this one's
+    assert node_dsops.op_state(str(built), str(tmp_path / "other"), NINJA) == "stale"
+    # copied with its times (tar, as setup does): current on a node with the same files
+    copy = tmp_path / "node-2"
+    copy.mkdir()
+    packed = subprocess.run(dsops.tar_create_argv(str(built.parent), ["op"]),
+                            capture_output=True, check=True).stdout  # fmt: skip
+    subprocess.run(["tar", "-C", str(copy), "-xf", "-"], input=packed, check=True)
+    assert node_dsops.op_state(str(copy / "op"), str(target), NINJA) == "current"
+    # a source newer than the build: ninja would build, so it is not current
+    os.utime(source, (source.stat().st_atime + 100, source.stat().st_mtime + 100))
+    assert node_dsops.op_state(str(copy / "op"), str(target), NINJA) == "stale"
+    assert node_dsops.op_state(str(copy / "op"), str(target), None) == "stale"  # no ninja
+
+
+def test_the_extensions_directory_is_torchs(monkeypatch, tmp_path):
+    from torch.utils.cpp_extension import _get_build_directory
+
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert os.path.join(node_dsops.extensions_root(), "fused_adam") == _get_build_directory(
+        "fused_adam", verbose=False)  # fmt: skip
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
+    assert node_dsops.extensions_root() == str(tmp_path / "ext")
+
+
+class _Nodes:
+    """The nodes' answers, stubbed: states per host, what a build there reports."""
+
+    def __init__(self, states: dict[str, list[str]], builds: dict[str, list[Built]]):
+        self.states, self.builds, self.calls = states, builds, []
+
+    def survey(self, cluster, hosts, argv_for, target, ops, envs):
+        return {
+            h: OpsState(root=f"/home/{h}/ext", ops=dict(zip(ops, self.states[h], strict=True)))
+            for h in hosts
+        }
+
+    def build(self, node, argv_for, target, ops, env):
+        self.calls.append(("build", node.host))
+        self.states[node.host] = ["current"] * len(ops)
+        return self.builds[node.host]
+
+    def copy(self, source, source_root, node, root, ops):
+        self.calls.append(("copy", source.host, node.host, tuple(ops)))
+        return ""
+
+
+def _prepare(monkeypatch, nodes: _Nodes, hosts: str) -> SetupResult:
+    for name in ("survey", "build", "copy"):
+        monkeypatch.setattr(dsops, name if name == "survey" else f"_{name}", getattr(nodes, name))
+    result = SetupResult(step="pyenv")
+    cluster = load_cluster(hosts=hosts)
+    envs = {n.host: {} for n in cluster.nodes}
+    dsops.prepare(cluster, argv_for=lambda p: [p], target="/v", ops=("fused_adam", "shm"),
+                  envs=envs, result=result, say=lambda text: None)  # fmt: skip
+    return result
+
+
+def test_ops_are_built_on_one_node_and_copied_to_the_others(monkeypatch):
+    ok = [Built(op="fused_adam", result="built", seconds=60), Built(op="shm", result="built")]
+    same = [Built(op="fused_adam", result="current"), Built(op="shm", result="current")]
+    differs = [Built(op="fused_adam", result="built", seconds=58), same[1]]
+    nodes = _Nodes({"n1": ["missing"] * 2, "n2": ["stale", "missing"], "n3": ["missing"] * 2},
+                   {"n1": ok, "n2": same, "n3": differs})  # fmt: skip
+    result = _prepare(monkeypatch, nodes, "n1,n2,n3")
+    assert nodes.calls[0] == ("build", "n1")
+    both = ("fused_adam", "shm")
+    assert sorted(nodes.calls[1:]) == [
+        ("build", "n2"), ("build", "n3"), ("copy", "n1", "n2", both), ("copy", "n1", "n3", both)
+    ]  # fmt: skip
+    assert [(c.node, c.what) for c in result.changes] == [
+        ("n1", "built DeepSpeed ops fused_adam (60 s), shm (0 s)"),
+        ("n2", "DeepSpeed ops fused_adam, shm: copied from n1"),
+        ("n3", "built DeepSpeed ops fused_adam (58 s), shm (the copy from n1 did not fit here)"),
+    ]
+
+
+def test_a_node_that_has_them_is_the_source_and_a_failed_build_names_node_and_op(monkeypatch):
+    same = [Built(op="fused_adam", result="current"), Built(op="shm", result="current")]
+    nodes = _Nodes({"n1": ["stale", "current"], "n2": ["current"] * 2}, {"n1": same})
+    result = _prepare(monkeypatch, nodes, "n1,n2")
+    assert nodes.calls == [("copy", "n2", "n1", ("fused_adam", "shm")), ("build", "n1")]
+    assert [c.what for c in result.changes] == ["DeepSpeed ops fused_adam, shm: copied from n2"]
+
+    nodes = _Nodes({"n1": ["current"] * 2}, {})
+    assert _prepare(monkeypatch, nodes, "n1").changes == [] and nodes.calls == []
+
+    broken = [Built(op="fused_adam", result="failed", error="g++: not found")]
+    nodes = _Nodes({"n1": ["missing"] * 2, "n2": ["missing"] * 2}, {"n1": broken})
+    with pytest.raises(SetupError) as raised:
+        _prepare(monkeypatch, nodes, "n1,n2")
+    assert raised.value.what == "n1: DeepSpeed's op fused_adam did not build: g++: not found"
+    assert "--ds-ops none" in raised.value.fix and nodes.calls == [("build", "n1")]
