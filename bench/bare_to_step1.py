@@ -12,10 +12,10 @@ model and data) is on this machine only. Two commands, as a user types them:
         --password-stdin --yes
     trainfleet train -c cluster.yaml --model DIR/project/model --data ... --max-steps 1
 
-Step 1 is when the first `step 1/` line arrives. On fresh nodes that includes DeepSpeed
-compiling its CPU ops on every node (the nodes share this machine's 2 cores). The wheels are
-packed once per machine (the cache is kept): --cold empties it first. Goal (#21): under 3
-minutes for 2 nodes.
+Step 1 is when the first `step 1/` line arrives. Setup builds DeepSpeed's CPU ops on one
+node and copies them to the others (the nodes share this machine's 2 cores), so the first
+launch compiles nothing. The wheels are packed once per machine (the cache is kept): --cold
+empties it first. Goal (#21): under 3 minutes for 2 nodes.
 """
 
 from __future__ import annotations
