@@ -4,8 +4,8 @@ output as it arrives), that no process of the job is left on any node, and that 
 --max-restarts 1 ends with the same losses as an uninterrupted run (1e-4 relative, fp32, as
 tests/cluster/test_train.py's resume test: the same steps from the same checkpoint).
 
-Every run: 24 steps, a checkpoint every 8; each fault is injected once checkpoint-8 is
-complete, so the restart resumes from step 8 (or 16)."""
+Every run: 12 steps, a checkpoint every 4; each fault is injected once checkpoint-4 is
+complete, so the restart resumes from step 4 (or 8)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from trainfleet.train.checkpoints import step_of, tree_bytes
 
 pytestmark = train_jobs.PYTESTMARK
 
-STEPS = ["--max-steps", "24", "--save-steps", "8", "--zero", "2", "--precision", "fp32",
+STEPS = ["--max-steps", "12", "--save-steps", "4", "--zero", "2", "--precision", "fp32",
          "--seq-len", "64", "--micro-batch-size", "4", "--learning-rate", "1e-3",
          "--seed", "7"]  # fmt: skip
 HANG_TIMEOUT_S = 5
@@ -115,7 +115,7 @@ def reference(assets, tmp_path_factory) -> dict[int, float]:
     finally:
         sandbox.down(box.name)
     losses = _losses(output)
-    assert sorted(losses) == list(range(1, 25))
+    assert sorted(losses) == list(range(1, 13))
     return losses
 
 
@@ -127,7 +127,7 @@ def _restarted_to_the_same_losses(run: Train, reference: dict[int, float], cause
     restarts = [json.loads(x) for x in (run.output / "restarts.jsonl").read_text().splitlines()]
     assert [r["cause"].split(":")[0] for r in restarts] == [cause]
     got = _losses(run.output)
-    for step in range(9, 25):
+    for step in range(5, 13):
         assert got[step] == pytest.approx(reference[step], rel=1e-4), (step, got, reference)
 
 
@@ -137,7 +137,7 @@ def test_sigkill_of_every_process_on_a_node(make_sandbox, tmp_path, assets, refe
     once. Detected within 5 s."""
     box = make_sandbox(nodes=2, slots=1, login_shell=SHELL)
     run = Train(box.cluster_file, assets, tmp_path / "out", "--max-restarts", "1")
-    run.wait_for_checkpoint(8)
+    run.wait_for_checkpoint(4)
     netns = box.node(2).netns
     from trainfleet.sandbox.netns import netns_pids
 
@@ -156,7 +156,7 @@ def test_a_stopped_rank_is_a_hang(make_sandbox, tmp_path, assets, reference):
     within HANG_TIMEOUT_S + 3 s of the fault (the last step may have ended just before it)."""
     box = make_sandbox(nodes=2, slots=1, login_shell=SHELL)
     run = Train(box.cluster_file, assets, tmp_path / "out", "--max-restarts", "1")
-    run.wait_for_checkpoint(8)
+    run.wait_for_checkpoint(4)
     jobs = train_job_processes()
     ranks = [p for p in jobs if "shim.py" in p and "torch.distributed.run" not in p]
     victim = next(int(p.split(":")[0]) for p in ranks if _in_netns(int(p.split(":")[0]), box, 2))
@@ -177,7 +177,7 @@ def test_a_stopped_rank_is_a_hang(make_sandbox, tmp_path, assets, reference):
 def test_the_ssh_connection_to_a_node_killed(make_sandbox, tmp_path, assets, reference):
     box = make_sandbox(nodes=2, slots=1, login_shell=SHELL)
     run = Train(box.cluster_file, assets, tmp_path / "out", "--max-restarts", "1")
-    run.wait_for_checkpoint(8)
+    run.wait_for_checkpoint(4)
     ssh = subprocess.run(["pgrep", "-P", str(run.proc.pid), "-f", "ssh .*gpu-node-2"],
                          capture_output=True, text=True, check=False).stdout.split()  # fmt: skip
     assert len(ssh) == 1, ssh
@@ -195,7 +195,7 @@ def test_a_node_link_down_then_back(make_sandbox, tmp_path, assets, reference):
     the restart's preflight finds the node again."""
     box = make_sandbox(nodes=2, slots=1, login_shell=SHELL)
     run = Train(box.cluster_file, assets, tmp_path / "out", "--max-restarts", "1")
-    run.wait_for_checkpoint(8)
+    run.wait_for_checkpoint(4)
     node = box.node(2)
     link = ["ip", "-n", node.netns, "link", "set", node.ifname]
     injected = time.time()
@@ -218,7 +218,7 @@ def test_ctrl_c_stops_everything_and_the_same_command_resumes(
     checkpoint, and running the command again resumes to the same losses."""
     box = make_sandbox(nodes=2, slots=1, login_shell=SHELL)
     run = Train(box.cluster_file, assets, tmp_path / "out", "--max-restarts", "1")
-    run.wait_for_checkpoint(8)
+    run.wait_for_checkpoint(4)
     injected = time.time()
     os.killpg(run.proc.pid, signal.SIGINT)  # the terminal sends it to the foreground group
     detected = run.when(r"interrupted") - injected
@@ -231,14 +231,14 @@ def test_ctrl_c_stops_everything_and_the_same_command_resumes(
     again = Train(box.cluster_file, assets, tmp_path / "out")
     assert again.finish() == 0, again.text()
     got = _losses(tmp_path / "out")
-    for step in range(9, 25):
+    for step in range(5, 13):
         assert got[step] == pytest.approx(reference[step], rel=1e-4), (step, got, reference)
 
 
 def test_the_output_filling_up_at_a_checkpoint(make_sandbox, tmp_path, assets, reference):
-    """OUTPUT on a tmpfs; once checkpoint-8 is written, the tmpfs is shrunk to leave half a
-    checkpoint free: the save of checkpoint-16 is refused on every rank before anything is
-    written (`latest` stays checkpoint-8, complete). The space comes back once the failure is
+    """OUTPUT on a tmpfs; once checkpoint-4 is written, the tmpfs is shrunk to leave half a
+    checkpoint free: the save of checkpoint-8 is refused on every rank before anything is
+    written (`latest` stays checkpoint-4, complete). The space comes back once the failure is
     reported, and the restart finishes the run."""
     output = tmp_path / "out"
     output.mkdir()
@@ -249,8 +249,8 @@ def test_the_output_filling_up_at_a_checkpoint(make_sandbox, tmp_path, assets, r
     box = make_sandbox(nodes=2, slots=1, login_shell=SHELL)
     try:
         run = Train(box.cluster_file, assets, output, "--max-restarts", "1")
-        run.wait_for_checkpoint(8)
-        checkpoint = tree_bytes(output / "checkpoint-8")
+        run.wait_for_checkpoint(4)
+        checkpoint = tree_bytes(output / "checkpoint-4")
         fs = os.statvfs(output)
         used = (fs.f_blocks - fs.f_bfree) * fs.f_frsize
         injected = time.time()
@@ -259,8 +259,8 @@ def test_the_output_filling_up_at_a_checkpoint(make_sandbox, tmp_path, assets, r
         detected = run.when(r"failed \(exit code") - injected
         print(f"detected after {detected:.1f} s")  # the figure in docs/status.md (-v -s)
         assert detected < 10, detected
-        assert (output / "latest").read_text().strip() == "checkpoint-8"
-        assert not (output / "checkpoint-16").exists()
+        assert (output / "latest").read_text().strip() == "checkpoint-4"
+        assert not (output / "checkpoint-8").exists()
         assert "the next checkpoint needs about" in run.text()
         subprocess.run(["mount", "-o", "remount,size=256m", str(output)], check=True)
         _restarted_to_the_same_losses(run, reference, "disk-low")
