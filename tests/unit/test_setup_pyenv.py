@@ -14,7 +14,7 @@ import pytest
 from trainfleet import node as node_programs
 from trainfleet.cluster import load_cluster
 from trainfleet.errors import SetupError
-from trainfleet.setup import pyenv, wheels
+from trainfleet.setup import dsops, pyenv, wheels
 from trainfleet.setup.pyenv import NodeEnv, parse_node_env, plan_node
 from trainfleet.setup.wheels import Dist, cannot_take, driver_too_old
 
@@ -168,3 +168,42 @@ def test_without_pip_here_nothing_is_asked_of_the_nodes(monkeypatch, tmp_path):
         pyenv.setup_pyenv(load_cluster(hosts="gpu-node-1"), target=str(tmp_path / "env"),
                           confirm=lambda *a: True)  # fmt: skip
     assert "-m ensurepip" in raised.value.fix
+
+
+def test_a_dry_run_lists_the_deepspeed_ops_each_node_lacks_and_builds_none(monkeypatch, tmp_path):
+    """A node whose environment matches but lacks the ops, and a fresh node: both are listed
+    with the ops (the fresh one is not asked: it has no environment yet); nothing is built."""
+    deepspeed = Dist(name="deepspeed", version="0.19.8", tags=("py3-none-any",))
+    pip = Dist(name="pip", version="25.0", tags=("py3-none-any",))
+    monkeypatch.setattr(wheels, "closure", lambda roots: ([TORCH, deepspeed, pip], []))
+    have = {d.name: d.version for d in (TORCH, deepspeed, pip)}
+    envs = {"gpu-node-1": NodeEnv(version="3.11.2", packages=have, in_target=True, **LINUX),
+            "gpu-node-2": NodeEnv(version="3.11.2", **LINUX)}  # fmt: skip
+    monkeypatch.setattr(pyenv, "inspect_nodes", lambda *a: envs)
+    asked = []
+
+    def survey(cluster, hosts, argv_for, target, ops, job_envs):
+        asked.append(list(hosts))
+        assert job_envs["gpu-node-1"]["PATH"].startswith(f"{target}/bin:")
+        return {h: dsops.OpsState(root="/h/ext", ops=dict.fromkeys(ops, "stale")) for h in hosts}
+
+    monkeypatch.setattr(dsops, "survey", survey)
+    monkeypatch.setattr(dsops, "prepare", lambda *a, **k: pytest.fail("built"))
+    cluster = load_cluster(hosts="gpu-node-1,gpu-node-2")
+    result = pyenv.setup_pyenv(
+        cluster,
+        target=str(tmp_path / "env"),
+        confirm=lambda *a: pytest.fail("asked"),
+        cluster_out=str(tmp_path / "c.yaml"),
+        dry_run=True,
+        ds_ops="fused_adam,cpu_adam",
+    )
+    assert asked == [["gpu-node-1"]]
+    ops = [(c.node, c.what) for c in result.changes if "DeepSpeed" in c.what]
+    assert ops == [
+        ("gpu-node-1", "would build DeepSpeed ops fused_adam, cpu_adam (on one node, copied to "
+                       "the others)"),
+        ("gpu-node-2", "would build DeepSpeed ops fused_adam, cpu_adam (on one node, copied to "
+                       "the others)"),
+    ]  # fmt: skip
+    assert not (tmp_path / "c.yaml").exists()
