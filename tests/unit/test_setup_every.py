@@ -72,6 +72,8 @@ def test_every_step_in_order_each_reading_the_cluster_file_the_hostfile_step_wro
                          ("env", "written.yaml"), ("pyenv", "written.yaml"),
                          ("firewall", "written.yaml"), ("sync", "written.yaml")]  # fmt: skip
     assert run.exit_code == 0 and run.changed and len(doctor_runs) == 1
+    seconds = [step["seconds"] for step in run.to_json()["steps"]]
+    assert len(seconds) == 6 and all(isinstance(s, float) and s >= 0 for s in seconds)
     text = every.render(run)
     assert "doctor (full, 0.0 s): no problems found" in text
     assert text.endswith("trainfleet setup: changes made")

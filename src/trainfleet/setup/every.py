@@ -19,6 +19,7 @@ earlier one has made its changes (no ssh trust yet) says so, and the run goes on
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -104,6 +105,7 @@ def setup_every(
                 "training environment there on every node"
             )
             continue
+        started = time.monotonic()
         try:
             result = run_step(step, cluster, cluster_file, dry_run=dry_run, confirm=confirm(step))
         except SetupError as exc:
@@ -112,6 +114,7 @@ def setup_every(
                 continue
             run.stopped = (step, exc)
             return run
+        result.seconds = time.monotonic() - started  # the time its questions waited too
         run.results.append(result)
         if result.exit_code and not dry_run:
             return run  # its findings say what is wrong; the next steps build on it

@@ -54,6 +54,9 @@ class SetupResult:
     a revert)."""
     files: dict[str, str] = field(default_factory=dict)
     """Files written (or, dry run, that would be), by role: {"hostfile": path, ...}."""
+    seconds: float | None = None
+    """How long the step took, its doctor checks included (set by `trainfleet setup` with no
+    step, which runs them one after the other; in --json)."""
 
     def add(self, node: str, what: str) -> None:
         self.changes.append(Change(node=node, what=what))
@@ -78,6 +81,7 @@ class SetupResult:
             "checks": self.checks,
             "findings": [f.to_json() for f in self.findings],
             "exit_code": self.exit_code,
+            "seconds": None if self.seconds is None else round(self.seconds, 1),
         }
 
 
