@@ -104,9 +104,10 @@ demo: $(STAMP) $(SYSSTAMP)
 
 # The unit tier runs on both cores (pytest-xdist). The cluster tier runs two test files at a
 # time (each worker checks and cleans up only its own sandboxes and processes: tests/
-# session_scope.py), then alone the tests marked `serial`, which compare speeds and would read
-# the other worker's load as a slow node.
-CLUSTER_PARALLEL = -n 2 --dist loadfile -m "cluster and not serial"
+# session_scope.py), the longest files first (tests/conftest.py: LONGEST_FIRST), then alone the
+# tests marked `serial`, which compare speeds and would read the other worker's load as a slow
+# node.
+CLUSTER_PARALLEL = -n 2 --dist loadfile --no-loadscope-reorder -m "cluster and not serial"
 test: $(STAMP) $(SYSSTAMP) $(LF_STAMP) $(AX_STAMP)
 	$(BIN)/python -m pytest -q -n 2 -m "not cluster" tests
 	$(BIN)/python -m pytest -q $(CLUSTER_PARALLEL) tests
