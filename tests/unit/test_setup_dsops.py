@@ -185,3 +185,13 @@ def test_a_node_that_has_them_is_the_source_and_a_failed_build_names_node_and_op
         _prepare(monkeypatch, nodes, "n1,n2")
     assert raised.value.what == "n1: DeepSpeed's op fused_adam did not build: g++: not found"
     assert "--ds-ops none" in raised.value.fix and nodes.calls == [("build", "n1")]
+
+
+def test_ops_a_node_cannot_build_are_noted_not_counted_as_changes(monkeypatch):
+    odd = [Built(op="fused_adam", result="incompatible"), Built(op="shm", result="unknown")]
+    nodes = _Nodes({"n1": ["missing"] * 2}, {"n1": odd})
+    result = _prepare(monkeypatch, nodes, "n1")
+    assert result.changes == [] and result.notes == [
+        "DeepSpeed's op fused_adam: incompatible on n1, not built",
+        "DeepSpeed's op shm: unknown on n1, not built",
+    ]

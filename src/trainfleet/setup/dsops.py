@@ -216,10 +216,13 @@ def _failed(host: str, built: list[Built]) -> SetupError | None:
     )
 
 
-def _described(built: list[Built], source: str | None = None) -> str:
+def _described(built: list[Built], source: str | None = None) -> str | None:
     """What a node got: "built DeepSpeed ops a (60 s), b (27 s)", or, for a copy that ninja
-    found current there, "DeepSpeed ops a, b: copied from SOURCE"."""
+    found current there, "DeepSpeed ops a, b: copied from SOURCE"; None when it got none (all
+    of them incompatible there, or unknown to its DeepSpeed)."""
     done = [b for b in built if b.result in ("built", "current")]
+    if not done:
+        return None
     if source and not any(b.result == "built" for b in done):
         return f"DeepSpeed ops {', '.join(b.op for b in done)}: copied from {source}"
     text = "built DeepSpeed ops " + ", ".join(
@@ -248,7 +251,8 @@ def prepare(cluster: Cluster, *, argv_for: ArgvFor, target: str, ops: Sequence[s
         for other in built:
             if other.result in ("incompatible", "unknown"):
                 result.note(f"DeepSpeed's op {other.op}: {other.result} on {source}, not built")
-        result.add(source, _described(built))
+        if got := _described(built):
+            result.add(source, got)
         states[source] = survey(cluster, [source], argv_for, target, ops, envs)[source]
     copied = [op for op, state in states[source].ops.items() if state == "current"]
     if not stale:
@@ -272,4 +276,5 @@ def prepare(cluster: Cluster, *, argv_for: ArgvFor, target: str, ops: Sequence[s
             )
         if error := _failed(host, outcome):
             raise error
-        result.add(host, _described(outcome, source))
+        if got := _described(outcome, source):
+            result.add(host, got)
