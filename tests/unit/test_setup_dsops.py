@@ -195,3 +195,18 @@ def test_ops_a_node_cannot_build_are_noted_not_counted_as_changes(monkeypatch):
         "DeepSpeed's op fused_adam: incompatible on n1, not built",
         "DeepSpeed's op shm: unknown on n1, not built",
     ]
+
+
+def test_a_build_job_that_dies_is_reported_with_its_last_words():
+    """Run for real on this machine (a `localhost` node): the job reports one op, then dies
+    before the next (deepspeed missing there, say)."""
+    said = json.dumps({"op": "fused_adam", "result": "built", "seconds": 3.0, "error": ""})
+    died = "sys.stderr.write('ModuleNotFoundError: No module named deepspeed\\n'); sys.exit(1)"
+    script = f"import sys; print({said!r}); {died}"
+    [node] = load_cluster(hosts="localhost").nodes
+    built = dsops._build(node, lambda program: [sys.executable, "-c", script], "/v",
+                         ("fused_adam", "shm"), {})  # fmt: skip
+    assert built == [
+        Built(op="fused_adam", result="built", seconds=3.0),
+        Built(op="shm", result="failed", error="ModuleNotFoundError: No module named deepspeed"),
+    ]

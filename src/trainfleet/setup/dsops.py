@@ -170,9 +170,14 @@ def _build(node: Node, argv_for: ArgvFor, target: str, ops: Sequence[str],
     stdin = node_programs.line("dsops", "build", {"target": target, "ops": list(ops), "env": env})
     [done] = run_on_nodes([node], argv_for("dsops"), stdin=stdin, timeout=COPY_TIMEOUT_S)
     built = parse_build(done.stdout, ops)
-    if not done.ok and all(b.result != "failed" for b in built):
+    reported = [b for b in built if b.error != "no report"]
+    if not done.ok and not any(b.result == "failed" for b in reported):
+        # it died before or between its reports (deepspeed did not import, a timeout): its
+        # own last words say why
         tail = [printable(line) for line in done.stderr.splitlines() if line.strip()][-3:]
-        built = [Built(op=ops[0], result="failed", error="; ".join(tail) or done.reason())]
+        missing = next((b.op for b in built if b.error == "no report"), ops[0])
+        why = "; ".join(tail) or done.reason()
+        built = [*reported, Built(op=missing, result="failed", error=why)]
     return built
 
 
