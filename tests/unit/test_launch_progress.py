@@ -294,3 +294,37 @@ def test_the_launcher_names_a_straggler_once_and_says_when_it_no_longer_is(tmp_p
     run.stragglers_checked = 0.0
     run._judge_stragglers()
     assert "rank 2 (n2) is no longer a straggler" in out.getvalue()
+
+
+def test_a_launcher_that_ends_0_with_no_rank_ever_started_is_no_success(tmp_path):
+    """Seen once in a fresh clone's run: DeepSpeed's runner printed its pdsh command, then
+    nothing came back and it exited 0 (it passes on only positive exit codes, so a pdsh ended
+    by a signal reads as success). No rank's start mark came: nothing ran."""
+    import asyncio
+
+    from trainfleet.cluster import load_cluster
+    from trainfleet.launch import LaunchOptions, new_run_id, prepare
+    from trainfleet.launch.supervisor import RunState, _Run
+
+    class Ended:
+        returncode = 0
+
+        async def wait(self):
+            return 0
+
+    class Channel:
+        payload = None  # DeepSpeed's runner gets no keepalive lines
+
+    options = LaunchOptions(command=("-c", "pass"), run_id=new_run_id())
+    plan, _ = prepare(load_cluster(), options, run_dir=tmp_path)
+    run = _Run(plan, tmp_path, io.StringIO())
+    run.procs, run.channels = {"deepspeed": Ended()}, {"deepspeed": Channel()}
+    asyncio.run(run.watch())
+    assert run.state is RunState.FAILED and run.first_failure == "deepspeed"
+    assert "ended with exit code 0, but no rank ever started" in run.output.out.getvalue()
+
+    run = _Run(plan, tmp_path, io.StringIO())  # the same end after a rank started: done
+    run.procs, run.channels = {"deepspeed": Ended()}, {"deepspeed": Channel()}
+    run.output.joins.mark("started", 0, now=time.time())
+    asyncio.run(run.watch())
+    assert run.state is RunState.DONE

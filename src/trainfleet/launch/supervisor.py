@@ -208,10 +208,26 @@ class _Run:
                 break
         else:
             self.state = RunState.DONE
+            self._nothing_ran()
         interrupted.cancel()
         if self.state is not RunState.DONE:
             self.output.note(f"what the nodes print while stopping is in {self.output.log_dir}")
             self.output.quiet = True
+
+    def _nothing_ran(self) -> None:
+        """Every launcher ended with 0 but no rank ever said it started (every rank's first
+        code, the shim, says so before anything else): nothing ran, whatever the exit codes.
+        DeepSpeed's runner exits 0 when pdsh is ended by a signal (it passes on only positive
+        codes), and its ranks' output is then lost with it."""
+        if not self.codes or self.output.joins.started or not self.plan.world_size:
+            return
+        where = ", ".join(sorted(self.codes))
+        self.state = RunState.FAILED
+        self.first_failure, self.failure_code = where, 1
+        self.output.note(
+            f"{where} ended with exit code 0, but no rank ever started (not one start mark "
+            "came back): nothing ran; DeepSpeed's runner exits 0 when pdsh is ended by a signal"
+        )
 
     def write_status(self, *, now: float | None = None, force: bool = False) -> None:
         now = time.time() if now is None else now
