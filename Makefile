@@ -1,8 +1,8 @@
 # Every target installs what it needs: `make demo` and `make test` work on a fresh machine.
 # Two jobs at a time: apt-get beside the first pip install, and the two trainers' venvs at once
-# (each pip run keeps about one core busy; on 2 cores the other one idled). --output-sync
-# keeps each target's lines together.
-MAKEFLAGS += -j2 --output-sync=target
+# (each pip run keeps about one core busy; on 2 cores the other one idled). No --output-sync:
+# it would hold back the tests' progress until the whole run ends.
+MAKEFLAGS += -j2
 PY        ?= python3
 VENV      := .venv
 BIN       := $(VENV)/bin
