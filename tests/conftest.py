@@ -37,22 +37,11 @@ def _cluster_tier_missing() -> str | None:
     return None
 
 
-LONGEST_FIRST = ("test_setup.py", "test_chaos.py", "test_launch.py", "test_train.py",
-                 "test_migration.py", "test_third_party.py", "test_doctor.py")  # fmt: skip
-"""The cluster tier's files, longest first (their summed durations in a fresh clone's run,
-2026-11-25: 494, 349, 308, 192, 178, 93 and 82 s). Two workers take whole files (`--dist
-loadfile --no-loadscope-reorder`), the next in this order whenever one runs short, so the
-longest start first and both workers end near the same time; by number of tests (xdist's
-default order) the longest file started late and ran alone at the end."""
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     missing = _cluster_tier_missing()
     for item in items:
         if "cluster" in item.keywords and missing:
             item.add_marker(pytest.mark.skip(reason=f"cluster tier: {missing}"))
-    rank = {name: index for index, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: in-file order kept
 
 
 def _interrupted(signum, frame):
