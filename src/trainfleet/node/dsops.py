@@ -114,8 +114,8 @@ def op_state(directory, target, ninja):
 
 
 def state(job):
-    """Prints {"root": ..., "ninja": ..., "ops": {name: state}} as one JSON line (job: target,
-    ops, env); an op installed compiled is 'prebuilt'."""
+    """Prints {"root": ..., "ops": {name: state}} as one JSON line (job: target, ops, env);
+    an op installed compiled is 'prebuilt'."""
     os.environ.update(job.get("env") or {})
     root = extensions_root()
     ninja = shutil.which("ninja")
@@ -128,7 +128,7 @@ def state(job):
             ops[name] = op_state(os.path.join(root, name), job["target"], ninja)
         else:
             ops[name] = "missing"
-    print(json.dumps({"root": root, "ninja": ninja, "ops": ops}))
+    print(json.dumps({"root": root, "ops": ops}))
     return 0
 
 

@@ -1,7 +1,7 @@
 """`setup pyenv`'s last part: DeepSpeed's JIT-built ops, built on one node during setup and
 copied to the others, instead of compiled on every node at the first launch.
 
-    >>> parse_state('{"root": "/home/u/.cache/torch_extensions/py311_cpu", "ninja": null,'
+    >>> parse_state('{"root": "/home/u/.cache/torch_extensions/py311_cpu",'
     ...             ' "ops": {"fused_adam": "stale"}}', ("fused_adam",)).todo
     ['fused_adam']
     >>> chosen("fused_adam,cpu_adam", {"deepspeed"}, cpu_torch=False)
@@ -24,9 +24,7 @@ torch has no GPU support (the sandboxes). `--ds-ops none` leaves them to the fir
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -35,13 +33,12 @@ from importlib import metadata
 from trainfleet import node as node_programs
 from trainfleet.cluster import Cluster, Node
 from trainfleet.errors import SetupError
-from trainfleet.launch.environment import launch_shell_env
 from trainfleet.node.dsops import cuda_tag
 from trainfleet.nodeset import fold_names
 from trainfleet.remote import run_on_nodes
 from trainfleet.remote.ssh import node_argv
 from trainfleet.setup.result import SetupResult
-from trainfleet.setup.transfer import COPY_TIMEOUT_S, tar_extract_argv
+from trainfleet.setup.transfer import COPY_TIMEOUT_S, stream_tar
 from trainfleet.untrusted import printable
 
 DEFAULT_OPS = ("fused_adam",)
@@ -137,19 +134,6 @@ def parse_build(stdout: str, wanted: Sequence[str]) -> list[Built]:
     return [seen.get(n) or Built(op=n, result="failed", error="no report") for n in wanted]
 
 
-def job_env(node: Node, target: str, node_path: str) -> dict[str, str]:
-    """What a rank there would see of the variables a build reads: the launch shell's
-    forwarded ones (TORCH_EXTENSIONS_DIR, TORCH_CUDA_ARCH_LIST, CUDA_HOME...), then
-    cluster.yaml's, with TARGET/bin first on PATH (ninja is there)."""
-    env = {k: v for k, v in launch_shell_env(os.environ).items() if k != "PATH"}
-    env.update(node.env)
-    path = node.env.get("PATH") or node_path
-    if path.split(":")[0] != f"{target}/bin":
-        path = f"{target}/bin:{path}"
-    env["PATH"] = path
-    return env
-
-
 def survey(cluster: Cluster, hosts: Sequence[str], argv_for: ArgvFor, target: str,
            ops: Sequence[str], envs: dict[str, dict[str, str]]) -> dict[str, OpsState]:  # fmt: skip
     """{host: its ops' state}; a node that gives no usable answer has all of them to build."""
@@ -191,21 +175,11 @@ def tar_create_argv(root: str, ops: Sequence[str]) -> list[str]:
 def _copy(source: Node, source_root: str, node: Node, root: str, ops: Sequence[str]) -> str:
     """The build directories of `ops` from source to node, times kept (ninja compares them);
     '' when done. Goes through this machine: the nodes need not trust each other yet."""
-    create = node_argv(source, tar_create_argv(source_root, ops))
-    with subprocess.Popen(create, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as tar:
-        extract = subprocess.run(
-            tar_extract_argv(node, root),
-            stdin=tar.stdout,
-            capture_output=True,
-            timeout=COPY_TIMEOUT_S,
-            check=False,
-        )
-        tar.stdout.close()
-        tar_err = tar.stderr.read().decode(errors="replace")
-    if tar.returncode != 0:
-        return f"reading them on {source.host}: {printable(tar_err.strip())[-500:]}"
-    if extract.returncode != 0:
-        return printable(extract.stderr.decode(errors="replace").strip())[-500:] or "tar failed"
+    ended = stream_tar(node_argv(source, tar_create_argv(source_root, ops)), node, root)
+    if ended.created != 0:
+        return f"reading them on {source.host}: {printable(ended.created_err)[-500:]}"
+    if ended.extracted != 0:
+        return printable(ended.extracted_err)[-500:] or "tar failed"
     return ""
 
 
@@ -258,8 +232,9 @@ def prepare(cluster: Cluster, *, argv_for: ArgvFor, target: str, ops: Sequence[s
                 result.note(f"DeepSpeed's op {other.op}: {other.result} on {source}, not built")
         if got := _described(built):
             result.add(source, got)
-        states[source] = survey(cluster, [source], argv_for, target, ops, envs)[source]
-    copied = [op for op, state in states[source].ops.items() if state == "current"]
+        copied = [b.op for b in built if b.result in ("built", "current")]
+    else:
+        copied = [op for op, state in states[source].ops.items() if state == "current"]
     if not stale:
         return
     say(f"copying them from {source} to {fold_names(stale)}; each node's ninja checks them")

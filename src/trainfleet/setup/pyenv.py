@@ -27,7 +27,6 @@ import functools
 import json
 import os
 import re
-import subprocess
 import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -38,11 +37,12 @@ from trainfleet import node as node_programs
 from trainfleet.cluster import Cluster, Node, parse_cluster_yaml
 from trainfleet.cluster.validate import PATH_RE
 from trainfleet.errors import SetupError
+from trainfleet.launch.environment import launch_shell_env
 from trainfleet.nodeset import fold_names
 from trainfleet.remote import run_on_nodes
 from trainfleet.setup import clusteryaml, dsops, verify, wheels
 from trainfleet.setup.result import Confirm, SetupResult
-from trainfleet.setup.transfer import COPY_TIMEOUT_S, tar_extract_argv
+from trainfleet.setup.transfer import COPY_TIMEOUT_S, stream_tar
 from trainfleet.setup.wheels import Dist
 from trainfleet.untrusted import printable
 
@@ -204,20 +204,11 @@ def _copy(node: Node, target: str, files: list[Path]) -> str:
     create = ["tar", "-cf", "-"]
     for path in files:
         create += ["-C", str(path.parent), path.name]
-    with subprocess.Popen(create, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as tar:
-        extract = subprocess.run(
-            tar_extract_argv(node, f"{target}/{WHEEL_DIR}"),
-            stdin=tar.stdout,
-            capture_output=True,
-            timeout=COPY_TIMEOUT_S,
-            check=False,
-        )
-        tar.stdout.close()
-        tar_err = tar.stderr.read().decode(errors="replace")
-    if extract.returncode != 0:  # first: tar here then only saw its reader go away
-        return extract.stderr.decode(errors="replace").strip() or f"exit {extract.returncode}"
-    if tar.returncode != 0:
-        return f"tar here: {tar_err.strip()}"
+    ended = stream_tar(create, node, f"{target}/{WHEEL_DIR}")
+    if ended.extracted != 0:  # first: tar here then only saw its reader go away
+        return ended.extracted_err or f"exit {ended.extracted}"
+    if ended.created != 0:
+        return f"tar here: {ended.created_err}"
     return ""
 
 
@@ -321,7 +312,7 @@ def setup_pyenv(
         more = f" and {len(names) - 6} more" if len(names) > 6 else ""
         result.add(host, f"{made}{verb} {len(names)} package(s): {listed}{more}")
     ops = dsops.chosen(ds_ops, {d.name for d in dists}, cpu_torch=dsops.torch_is_cpu_only())
-    job_envs = {n.host: dsops.job_env(n, target, envs[n.host].path) for n in cluster.nodes}
+    job_envs = {n.host: _job_env(n, target, envs[n.host].path) for n in cluster.nodes}
     argv_for = functools.partial(_with_target_python, target, python)
     ops_todo = _ops_to_build(cluster, envs, argv_for, target, ops, job_envs)
     if dry_run:
@@ -388,18 +379,34 @@ def _install_everywhere(cluster, dists, todo, target, python, wheel_dirs, cache,
         )
 
 
+def _venv_first_path(node: Node, target: str, node_path: str) -> str:
+    """The PATH the node's ranks get once this step is done: cluster.yaml's, else the node's
+    own non-interactive one, with TARGET/bin first."""
+    path = node.env.get("PATH") or node_path
+    bin_dir = f"{target}/bin"
+    return path if path.split(":")[0] == bin_dir else f"{bin_dir}:{path}"
+
+
+def _job_env(node: Node, target: str, node_path: str) -> dict[str, str]:
+    """What a rank there would see of the variables a build of DeepSpeed's ops reads: the
+    launch shell's forwarded ones (TORCH_EXTENSIONS_DIR, TORCH_CUDA_ARCH_LIST, CUDA_HOME...),
+    then cluster.yaml's, with TARGET/bin first on PATH (ninja is there)."""
+    env = {k: v for k, v in launch_shell_env(os.environ).items() if k != "PATH"}
+    return {**env, **node.env, "PATH": _venv_first_path(node, target, node_path)}
+
+
 def _record_python(cluster, target, envs, cluster_in, cluster_out, result) -> None:
     """Every node's `python:` is TARGET's, and its PATH starts with TARGET/bin: the tools
     beside that python (torchrun, deepspeed, ninja for DeepSpeed's op builds) are found there,
     and the PATH the launch shell would forward (its own directories, maybe another user's)
     does not reach the ranks. `setup env` records the same PATH for tools beside python."""
-    python, bin_dir = f"{target}/bin/python", f"{target}/bin"
+    python = f"{target}/bin/python"
     fields = {}
     for node in cluster.nodes:
         wanted = {"python": python} if node.python != python else {}
-        path = node.env.get("PATH") or envs[node.host].path
-        if path.split(":")[0] != bin_dir:
-            wanted["env"] = {"PATH": f"{bin_dir}:{path}"}
+        path = _venv_first_path(node, target, envs[node.host].path)
+        if path != (node.env.get("PATH") or envs[node.host].path):
+            wanted["env"] = {"PATH": path}
         if wanted:
             fields[node.host] = wanted
     if not fields:

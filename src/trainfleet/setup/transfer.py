@@ -16,6 +16,7 @@ import shlex
 import shutil
 import subprocess
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from trainfleet import node as node_programs
 from trainfleet.cluster import Node
@@ -71,6 +72,34 @@ def tar_create_argv(directory: str) -> list[str]:
 def tar_extract_argv(node: Node, directory: str) -> list[str]:
     script = 'mkdir -p -- "$1" && exec tar -C "$1" -xf -'
     return node_argv(node, ["sh", "-c", script, "sh", directory])
+
+
+@dataclass(frozen=True, slots=True)
+class TarStream:
+    """How both ends of `stream_tar` ended (exit code, stderr)."""
+
+    created: int
+    created_err: str
+    extracted: int
+    extracted_err: str
+
+
+def stream_tar(create: Sequence[str], node: Node, directory: str) -> TarStream:
+    """`create`, a tar writing its archive to stdout (here, or on another node through ssh),
+    piped into a tar that unpacks it in `directory` on `node`."""
+    with subprocess.Popen(create, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as tar:
+        extract = subprocess.run(
+            tar_extract_argv(node, directory),
+            stdin=tar.stdout,
+            capture_output=True,
+            timeout=COPY_TIMEOUT_S,
+            check=False,
+        )
+        tar.stdout.close()
+        created_err = tar.stderr.read().decode(errors="replace")
+    return TarStream(created=tar.returncode, created_err=created_err.strip(),
+                     extracted=extract.returncode,
+                     extracted_err=extract.stderr.decode(errors="replace").strip())  # fmt: skip
 
 
 def _tar_copy(node: Node, directory: str, excludes: Sequence[str]) -> str:
