@@ -10,6 +10,8 @@ import random
 import pytest
 
 from trainfleet.cluster import load_cluster
+from trainfleet.doctor.checks import network, transport
+from trainfleet.setup import verify
 
 collect = importlib.import_module("trainfleet.doctor.collect")
 
@@ -60,3 +62,14 @@ def test_each_listener_waits_for_exactly_the_connections_sent_to_it(count):
 
 def test_all_pairs_tests_every_pair_at_any_size():
     assert len(_tested_pairs(_params(20, all_pairs=True))) == 20 * 19
+
+
+def test_setup_steps_skip_the_tcp_tests_only_where_no_check_of_theirs_reads_them():
+    """A step's survey leaves the node-to-node TCP tests out (no waiting on ports a firewall
+    drops) unless one of its checks reads what they measure."""
+    reads_tcp = {network.check_firewall, network.check_port_in_use, transport.check_slow_link}
+    sets = [v for v in vars(verify).values() if isinstance(v, verify.CheckSet)]
+    assert len(sets) == 6
+    for check_set in sets:
+        assert check_set.tcp == any(c in reads_tcp for c in check_set.checks), check_set.label
+    assert [s.label for s in sets if s.tcp] == [verify.FIREWALL.label]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -12,6 +13,8 @@ import time
 import pytest
 
 from trainfleet import node
+from trainfleet.cluster import load_cluster
+from trainfleet.doctor.collect import plan_params
 from trainfleet.node import network, peers, probe
 
 pytestmark = pytest.mark.unit
@@ -120,6 +123,46 @@ def test_listeners_measure_a_stream_and_report_a_port_in_use():
 
 def test_send_stream_to_a_closed_port():
     assert peers.send_stream("127.0.0.1", _closed_port(), 0.1).startswith("not connected")
+
+
+def _probe(params: dict, cwd) -> dict:
+    proc = subprocess.run(
+        node.argv(sys.executable, "probe"),
+        input=node.line("probe", "main", params),
+        capture_output=True,
+        timeout=60,
+        cwd=cwd,
+    )
+    assert proc.returncode == 0, proc.stderr.decode()
+    return json.loads(proc.stdout.decode().strip().splitlines()[-1])
+
+
+def test_a_probe_without_tcp_tests_neither_listens_nor_connects_but_still_tests_ssh(tmp_path):
+    """What setup's steps but the firewall's ask for: node a's peer b never starts its probe
+    (as a firewall that drops every packet would look), and a waits for nothing."""
+    cluster = load_cluster(hosts="a,b")
+    addresses = {"a": "127.0.0.1", "b": "127.0.0.1"}
+    rng = random.Random(0)
+    plain, _ = plan_params(cluster, addresses, quick=False, rng=rng, tcp=False)
+    with_tcp, _ = plan_params(cluster, addresses, quick=False, rng=rng)
+    for params in (plain, with_tcp):
+        # no real ssh to these names here: each peer's ssh test is a command that says no
+        for peer in params["a"]["peers"]:
+            assert peer["ssh_argv"][0] == "ssh"
+            peer["ssh_argv"] = [sys.executable, "-c", "print('refused')"]
+        params["a"]["workdir"] = str(tmp_path)
+    with_tcp["a"].update(connect_timeout=1, skew=0)
+
+    facts = _probe(plain["a"], tmp_path)
+    tested = _probe(with_tcp["a"], tmp_path)
+
+    assert facts["active"]["listen"] == {} and facts["active"]["tcp"] == {}
+    assert "bandwidth_send" not in facts["active"]
+    assert set(facts["active"]["ssh"]) == {"a", "b"}
+    assert facts["active"]["shared"] == {"b": False}  # the shared-storage token still written
+    ports = [str(p) for p in with_tcp["a"]["listen_ports"]]
+    assert sorted(tested["active"]["listen"]) == sorted(ports)
+    assert set(tested["active"]["tcp"]) == {"b"}
 
 
 def test_payload_runs_as_a_one_node_probe(tmp_path):

@@ -141,16 +141,18 @@ def plan_params(
     rng: random.Random,
     read_only: bool = False,
     all_pairs: bool = False,
+    tcp: bool = True,
 ) -> tuple[dict[str, dict], dict[str, list[int]]]:
     """The probe parameters for every node (pure but for `rng`). `read_only`: the probes write
-    nothing on the nodes (no shared-storage token, so no shared-storage facts)."""
+    nothing on the nodes (no shared-storage token, so no shared-storage facts). Without `tcp`
+    no node listens or connects to another (no port, firewall or bandwidth facts): a probe
+    then never waits out the connect bound on ports a firewall drops."""
     run_id = f"{rng.getrandbits(48):012x}"
     ports = {n.host: rng.sample(range(*EPHEMERAL_PORTS), PORTS_PER_NODE) for n in cluster.nodes}
     master_port = cluster.master_port
-    listen = {
-        n.host: ports[n.host] + ([master_port] if n.host == cluster.master else [])
-        for n in cluster.nodes
-    }
+    listen: dict[str, list[int]] = {host: [] for host in ports}
+    if tcp:
+        listen = {h: p + ([master_port] if h == cluster.master else []) for h, p in ports.items()}
     peers = {
         n.host: {
             "node": n.host,
@@ -171,7 +173,7 @@ def plan_params(
                 inbound[dst] += len(listen[dst])
     multi = len(cluster.nodes) > 1
     # Bandwidth in a ring, all links at once: node i streams to node i+1 (O(1) rounds).
-    ring = [n.host for n in cluster.nodes if addresses[n.host]]
+    ring = [n.host for n in cluster.nodes if addresses[n.host]] if tcp else []
     successor = {h: ring[(i + 1) % len(ring)] for i, h in enumerate(ring)} if len(ring) > 2 else {}
     params = {}
     for node in cluster.nodes:
@@ -217,14 +219,16 @@ def collect(
     seed: int | None = None,
     read_only: bool = False,
     all_pairs: bool = False,
+    tcp: bool = True,
 ) -> Survey:
     """Run the probe on every node at once and return what came back; with `read_only` the
     probes write nothing anywhere (what `launch --dry-run` promises); `all_pairs`: every node
-    tests every node however many there are (FULL_MATRIX_UP_TO)."""
+    tests every node however many there are (FULL_MATRIX_UP_TO); without `tcp` no node-to-node
+    TCP test (plan_params)."""
     addresses = node_addresses(cluster)
     rng = random.Random(seed if seed is not None else secrets.randbits(64))
     params, ports = plan_params(
-        cluster, addresses, quick=quick, rng=rng, read_only=read_only, all_pairs=all_pairs
+        cluster, addresses, quick=quick, rng=rng, read_only=read_only, all_pairs=all_pairs, tcp=tcp
     )
     survey = Survey(
         cluster=cluster,

@@ -31,6 +31,10 @@ class CheckSet:
     checks: tuple[Callable[[Survey], list[Finding]], ...]
     quick: bool
     """doctor --quick is enough (no node-to-node ssh, no imports, no code hash)."""
+    tcp: bool = False
+    """The checks read the node-to-node TCP tests. Without them no probe listens, so a survey
+    never waits out the connect bound on ports that a firewall drops (before `setup firewall`
+    every survey of such a cluster did: 7 s each)."""
 
 
 SSH = CheckSet(
@@ -56,6 +60,7 @@ FIREWALL = CheckSet(
     f"{FindingId.FIREWALL_BLOCKS_PORTS} (TCP between every pair of nodes)",
     (ssh.check_launch_ssh, network.check_firewall),
     quick=True,
+    tcp=True,
 )
 PYENV = CheckSet(
     f"{FindingId.VERSION_MISMATCH}, {FindingId.TORCH_MISSING} (package metadata)",
@@ -79,7 +84,7 @@ def survey(cluster: Cluster, check_set: CheckSet, *, probe_python: str | None = 
     if probe_python:
         nodes = tuple(replace(node, python=probe_python) for node in cluster.nodes)
         cluster = replace(cluster, nodes=nodes)
-    return collect(cluster, quick=check_set.quick)
+    return collect(cluster, quick=check_set.quick, tcp=check_set.tcp)
 
 
 def findings(survey: Survey, check_set: CheckSet) -> list[Finding]:
