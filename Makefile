@@ -1,7 +1,7 @@
 # Every target installs what it needs: `make demo` and `make test` work on a fresh machine.
-# Two jobs at a time: apt-get beside the first pip install, the unit tier beside the trainers'
-# venvs (a pip run keeps about one core busy; on 2 cores the other one idled). No
-# --output-sync: it would hold back the tests' progress until the whole run ends.
+# Two jobs at a time: apt-get beside the first pip install, and the two trainers' venvs at once
+# (each pip run keeps about one core busy; on 2 cores the other one idled). No --output-sync:
+# it would hold back the tests' progress until the whole run ends.
 MAKEFLAGS += -j2
 PY        ?= python3
 VENV      := .venv
@@ -113,18 +113,16 @@ demo: $(STAMP) $(SYSSTAMP)
 # test_launch's failing DeepSpeed-runner jobs beside test_migration's, and DeepSpeed's runner
 # ends a failed job with `pkill -f "python -u -m deepspeed.launcher.launch"` on every node,
 # which on sandbox nodes, one process namespace for all, also ended the other file's job.)
-# The unit tier does not need the trainers' venvs: it runs while they install (tests/conftest.py
-# starts DeepSpeed's JIT build of its ops as the unit tier begins, where they are not built).
 CLUSTER_PARALLEL = -n 2 --dist loadfile -m "cluster and not serial"
-CLUSTER_NEEDS = $(STAMP) $(SYSSTAMP) $(LF_STAMP) $(AX_STAMP)
-test: test-unit $(CLUSTER_NEEDS)
+test: $(STAMP) $(SYSSTAMP) $(LF_STAMP) $(AX_STAMP)
+	$(BIN)/python -m pytest -q -n 2 -m "not cluster" tests
 	$(BIN)/python -m pytest -q $(CLUSTER_PARALLEL) tests
 	$(BIN)/python -m pytest -q -m "cluster and serial" tests
 
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 -m "not cluster" tests
 
-test-cluster: $(CLUSTER_NEEDS)
+test-cluster: $(STAMP) $(SYSSTAMP) $(LF_STAMP) $(AX_STAMP)
 	$(BIN)/python -m pytest -q $(CLUSTER_PARALLEL) tests
 	$(BIN)/python -m pytest -q -m "cluster and serial" tests
 
