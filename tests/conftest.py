@@ -142,6 +142,29 @@ def _unbuilt_jit_ops() -> list[str]:
     return [op for op in JIT_OPS if not any(glob.glob(f"{d}/{op}/{op}*.so") for d in dirs)]
 
 
+ONE_NINJA = Path(sys.prefix) / "trainfleet-test-ninja"
+"""A directory with only this venv's `ninja`, first on every test's PATH (and so on the PATH
+of the ranks they launch, which inherit it). torch's JIT build runs the first `ninja` on PATH,
+and this venv's (pip's 1.13) and Debian's (1.11) hash the commands in .ninja_log differently:
+while the tests that put the venv's bin first on PATH (the migration table's) ran beside the
+ones that did not, each side's DeepSpeed jobs found the other's ops out of date and rebuilt
+them (deepspeed_shm_comm 25 s, fused_adam 60 s of CPU, each time)."""
+
+
+def _one_ninja_for_every_jit_build() -> None:
+    ninja = Path(sys.executable).parent / "ninja"
+    if not ninja.exists():
+        return
+    ONE_NINJA.mkdir(exist_ok=True)
+    try:
+        (ONE_NINJA / "ninja").symlink_to(ninja)
+    except FileExistsError:
+        pass
+    path = os.environ.get("PATH", "")
+    if path.split(os.pathsep)[0] != str(ONE_NINJA):
+        os.environ["PATH"] = os.pathsep.join([str(ONE_NINJA), path])
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """On a machine where DeepSpeed has not built its CPU ops yet (a fresh clone with an empty
     extensions directory), start building each in the background as the session begins, all at
@@ -149,9 +172,11 @@ def pytest_configure(config: pytest.Config) -> None:
     other (about 60 s + 85 s here) while everything else waits on it. The build is DeepSpeed's
     own JIT build, so a job that needs an op meanwhile waits on torch's lock for it, as it
     would for another rank's build; nothing is skipped and every job still loads the ops. Once
-    per session (the xdist controller, not each worker); nothing starts where they are built."""
+    per session (the xdist controller, not each worker); nothing starts where they are built.
+    Before that, every process of the session gets ONE_NINJA first on its PATH."""
     import importlib.util
 
+    _one_ninja_for_every_jit_build()
     if hasattr(config, "workerinput") or importlib.util.find_spec("deepspeed") is None:
         return
     for op in _unbuilt_jit_ops():
