@@ -98,9 +98,10 @@ third-party: $(LF_STAMP) $(AX_STAMP)
 # With the venv's ninja, as the tests' ranks use (tests/conftest.py: ONE_NINJA); the same
 # node job as `setup pyenv`'s.
 DS_OPS_STAMP := $(VENV)/.deepspeed-ops
+DS_OPS_JOB   := {"ops": ["fused_adam", "deepspeed_shm_comm"]}
 $(DS_OPS_STAMP): $(STAMP)
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -c 'import sys; from trainfleet.node import \
-	  dsops; sys.exit(dsops.build({"ops": ["fused_adam", "deepspeed_shm_comm"]}))'
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -c \
+	  'import sys; from trainfleet.node import dsops; sys.exit(dsops.build($(DS_OPS_JOB)))'
 	touch $@
 
 # System tools the sandbox and the deepspeed backend use (root only; skipped otherwise).

@@ -126,6 +126,7 @@ def test_send_stream_to_a_closed_port():
 
 
 def _probe(params: dict, cwd) -> dict:
+    """The node probe run here with `params`, its fact sheet parsed."""
     proc = subprocess.run(
         node.argv(sys.executable, "probe"),
         input=node.line("probe", "main", params),
@@ -181,15 +182,7 @@ def test_payload_runs_as_a_one_node_probe(tmp_path):
         "bandwidth_to": None,
         "bandwidth_from": False,
     }
-    proc = subprocess.run(
-        node.argv(sys.executable, "probe"),
-        input=node.line("probe", "main", params),
-        capture_output=True,
-        timeout=60,
-        cwd=tmp_path,
-    )
-    assert proc.returncode == 0, proc.stderr.decode()
-    facts = json.loads(proc.stdout.decode().strip().splitlines()[-1])
+    facts = _probe(params, tmp_path)
     assert facts["node"] == "solo" and facts["probe_version"] == probe.PROBE_VERSION
     assert facts["hostname"] == socket.gethostname()
     assert facts["hostname"] in facts["resolve"]

@@ -34,7 +34,7 @@ class CheckSet:
     tcp: bool = False
     """The checks read the node-to-node TCP tests. Without them no probe listens, so a survey
     never waits out the connect bound on ports that a firewall drops (before `setup firewall`
-    every survey of such a cluster did: 7 s each)."""
+    every survey of such a cluster did: about 8 s each)."""
 
 
 SSH = CheckSet(
