@@ -41,28 +41,45 @@ def _losses(output: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in rows}
 
 
+SANDBOX = {"nodes": 2, "slots": 1}
+"""The module's 2-node sandbox (conftest's module_sandbox), for the runs that do nothing to it
+(the resume test kills its launcher on a sandbox of its own)."""
+ZERO3 = ["--max-steps", "12", "--save-steps", "4", "--zero", "3", "--precision", "fp32"]
+"""One run for two tests: ZeRO-3 against one process, and the straight run a resume must
+continue (a checkpoint every 4 steps changes no loss)."""
+
+
+@pytest.fixture(scope="module")
+def zero3_losses(module_sandbox, assets, tmp_path_factory) -> dict[int, float]:
+    """The per-step losses of ZERO3 on 2 nodes x 1 rank, uninterrupted."""
+    output = tmp_path_factory.mktemp("zero3")
+    code, out = _train(module_sandbox.cluster_file, assets, output, *ZERO3)
+    assert code == 0, out
+    assert "all 2 rank(s) on 2 node(s) finished" in out
+    return _losses(output)
+
+
 def test_zero2_and_zero3_across_two_nodes_match_one_process_step_by_step(
-    make_sandbox, tmp_path, assets
+    module_sandbox, tmp_path, assets, zero3_losses
 ):
     """Same seed, same global batch (1 rank x 2 sequences vs 2 ranks x 1), fp32: the per-step
     loss agrees to 1e-4 relative. Not exactly: the ranks reduce gradients in another order
     (ring reduce-scatter vs one sum), which changes the last bits of every update."""
-    box = make_sandbox(nodes=2, slots=1)
-    steps = ["--max-steps", "8", "--precision", "fp32"]
-    code, out = _train(box.cluster_file, assets, tmp_path / "one", *steps, "--zero", "0",
+    cluster_file = module_sandbox.cluster_file
+    steps = ["--max-steps", "12", "--precision", "fp32"]
+    code, out = _train(cluster_file, assets, tmp_path / "one", *steps, "--zero", "0",
                        "--micro-batch-size", "2", "-i", "gpu-node-1")  # fmt: skip
     assert code == 0, out
     reference = _losses(tmp_path / "one")
-    assert sorted(reference) == list(range(1, 9))
-    for stage in ("2", "3"):
-        code, out = _train(box.cluster_file, assets, tmp_path / f"z{stage}", *steps,
-                           "--zero", stage, "--micro-batch-size", "1")  # fmt: skip
-        assert code == 0, out
-        assert "all 2 rank(s) on 2 node(s) finished" in out
-        got = _losses(tmp_path / f"z{stage}")
+    assert sorted(reference) == list(range(1, 13))
+    code, out = _train(cluster_file, assets, tmp_path / "z2", *steps, "--zero", "2",
+                       "--micro-batch-size", "1")  # fmt: skip
+    assert code == 0, out
+    assert "all 2 rank(s) on 2 node(s) finished" in out
+    for stage, got in (("2", _losses(tmp_path / "z2")), ("3", zero3_losses)):
         for step, loss in reference.items():
             assert got[step] == pytest.approx(loss, rel=1e-4), (stage, step, got, reference)
-    assert reference[8] < reference[1]  # it learns
+    assert reference[12] < reference[1]  # it learns
 
 
 def test_zero3_loads_without_a_full_copy_of_the_model_on_any_rank(make_sandbox, tmp_path, assets):
@@ -112,14 +129,10 @@ def test_zero3_loads_without_a_full_copy_of_the_model_on_any_rank(make_sandbox, 
 
 
 def test_killed_run_resumes_from_the_latest_checkpoint_and_the_curve_continues(
-    make_sandbox, tmp_path, assets
+    make_sandbox, tmp_path, assets, zero3_losses
 ):
     box = make_sandbox(nodes=2, slots=1)
-    flags = ["--max-steps", "12", "--save-steps", "4", "--zero", "3", "--precision", "fp32"]
-    code, out = _train(box.cluster_file, assets, tmp_path / "straight", *flags)
-    assert code == 0, out
-    straight = _losses(tmp_path / "straight")
-
+    straight, flags = zero3_losses, ZERO3
     output = tmp_path / "killed"
     proc = _train(box.cluster_file, assets, output, *flags, wait=False)
     deadline = time.monotonic() + 300
@@ -141,10 +154,10 @@ def test_killed_run_resumes_from_the_latest_checkpoint_and_the_curve_continues(
     assert sorted(p.name for p in output.glob("checkpoint-*")) == ["checkpoint-12", "checkpoint-8"]
 
 
-def test_export_reloads_with_transformers_and_generates(make_sandbox, tmp_path, assets):
+def test_export_reloads_with_transformers_and_generates(module_sandbox, tmp_path, assets):
     """Run as HF users type it: TrainingArguments names, epochs and their own ZeRO-3 JSON (the
     shape of HF's documented ds_config_zero3.json: "auto" where HF fills the value in)."""
-    box = make_sandbox(nodes=2, slots=1)
+    box = module_sandbox
     ds_json = tmp_path / "ds_z3.json"
     ds_json.write_text(json.dumps({
         "bf16": {"enabled": "auto"},
@@ -191,8 +204,8 @@ def test_export_reloads_with_transformers_and_generates(make_sandbox, tmp_path, 
     assert all(r["phase"] == "exporting" and "phase_progress" in r for r in ranks), ranks
 
 
-def test_lora_export_is_the_base_with_the_adapters_merged(make_sandbox, tmp_path, assets):
-    box = make_sandbox(nodes=2, slots=1)
+def test_lora_export_is_the_base_with_the_adapters_merged(module_sandbox, tmp_path, assets):
+    box = module_sandbox
     config = tmp_path / "train.yaml"
     config.write_text("lora:\n  rank: 4\n  alpha: 8\n")
     proc = _train(box.cluster_file, assets, tmp_path / "out", "--config", str(config),
