@@ -10,7 +10,10 @@ share this machine's process namespace, so a failing job of one file ended the o
 jobs whenever the two ran side by side (docs/tests.md). Then the longest first, each to the
 worker with the least so far, by what each file took in a measured tier: xdist's own order
 hands files out as workers free up, and a long file handed out last (test_train, 204 s) left
-the other worker idle for the last 74 s of the tier.
+the other worker idle for the last 74 s of the tier. Each worker runs its files longest first
+(`longest_first`), so that the two long files that mostly wait (test_launch's bounds and
+watchdogs, test_chaos's faults) run beside the long ones that compute (test_setup's builds,
+test_train's runs) rather than beside each other.
 """
 
 from __future__ import annotations
@@ -40,6 +43,15 @@ UNMEASURED_S until it is measured."""
 UNMEASURED_S = 60
 
 
+def longest_first(files: list[str], seconds: dict[str, int] = SECONDS) -> list[str]:
+    """`files` in the order each worker should run its own.
+
+    >>> longest_first(["test_doctor.py", "test_new.py", "test_setup.py"])
+    ['test_setup.py', 'test_doctor.py', 'test_new.py']
+    """
+    return sorted(files, key=lambda f: -seconds.get(f, UNMEASURED_S))
+
+
 def bins(files: list[str], workers: int, seconds: dict[str, int] = SECONDS) -> dict[str, int]:
     """file name -> worker index (0 .. workers-1)."""
     units: list[tuple[int, tuple[str, ...]]] = []
@@ -59,7 +71,8 @@ def bins(files: list[str], workers: int, seconds: dict[str, int] = SECONDS) -> d
 class FileBinScheduling(LoadScopeScheduling):
     """xdist's scope scheduling with one scope per worker: the files `bins` gives it. (Marking
     the tests with `xdist_group` and `--dist loadgroup` would say the same, but xdist 3.8 names
-    the groups through an attribute pytest 9 no longer reads: the groups were ignored.)"""
+    the groups through an attribute pytest 9.2 no longer reads, and the groups are silently
+    ignored: seen here, and pytest-dev/pytest-xdist#1386.)"""
 
     def __init__(self, config, log=None) -> None:
         super().__init__(config, log)

@@ -53,7 +53,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log) -> object | None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Cluster tests skipped where the tier cannot run. A test whose tier mark and directory
+    """Cluster tests skipped where the tier cannot run; with --cluster-bins, each file's tests
+    in the order tests/cluster_schedule.py gives the files. A test whose tier mark and directory
     disagree stops the session: each of make's tiers collects only its own directory
     (tests/unit or tests/cluster), so such a test would never run."""
     astray = [
@@ -70,6 +71,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "cluster" in item.keywords and missing:
             item.add_marker(pytest.mark.skip(reason=f"cluster tier: {missing}"))
+    if config.getoption("cluster_bins"):  # every worker collects, and in the same order
+        order = cluster_schedule.longest_first(sorted({item.path.name for item in items}))
+        items.sort(key=lambda item: order.index(item.path.name))
 
 
 def _interrupted(signum, frame):
