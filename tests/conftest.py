@@ -53,8 +53,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log) -> object | None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Cluster tests skipped where the tier cannot run; with --cluster-bins, each file's tests
-    in the order tests/cluster_schedule.py gives the files. A test whose tier mark and directory
+    """Cluster tests skipped where the tier cannot run. A test whose tier mark and directory
     disagree stops the session: each of make's tiers collects only its own directory
     (tests/unit or tests/cluster), so such a test would never run."""
     astray = [
@@ -71,9 +70,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "cluster" in item.keywords and missing:
             item.add_marker(pytest.mark.skip(reason=f"cluster tier: {missing}"))
-    if config.getoption("cluster_bins"):  # every worker collects, and in the same order
-        order = cluster_schedule.longest_first(sorted({item.path.name for item in items}))
-        items.sort(key=lambda item: order.index(item.path.name))
 
 
 def _interrupted(signum, frame):
@@ -200,9 +196,9 @@ def _one_ninja_for_every_jit_build() -> None:
 SANDBOXES_IN_MEMORY = Path("/dev/shm/trainfleet-test-sandboxes")
 """Where the tests' sandboxes keep their state (nodes' homes and private disks) when this
 machine's /dev/shm can hold it: `setup pyenv`'s sandbox test installs the whole training
-environment on two nodes' own disks (about 3.5 GB). Alone, that test took 178 s with them on
-disk (/run is no tmpfs here; 11 s of it the teardown, 35 s in the loaded cluster tier), 161 s
-with them in memory."""
+environment on two nodes' own disks (3.3 GB at the peak of a tier). Alone, that test took 178 s
+with them on disk (/run is no tmpfs here; 11 s of it the teardown, 35 s in the loaded cluster
+tier), 161 s with them in memory."""
 _IN_MEMORY_NEEDS = 8 << 30  # free in /dev/shm, and again in MemAvailable beyond it
 
 
