@@ -12,7 +12,7 @@ worker with the least so far, by what each file took in a measured tier: xdist's
 hands files out as workers free up, and a long file handed out last (test_train, 204 s) left
 the other worker idle for the last 74 s of the tier. (Each worker running its files longest
 first was tried: test_setup then ran beside test_launch and took 307 s instead of 378 s, but
-the files' summed time grew, 1,624 s against 1,588 s, and the tier took 820 s against 813 s;
+the 80 longest test phases summed 1,624 s against 1,588 s, and the tier took 820 s against 813 s;
 each worker runs its files in collection order.)
 """
 

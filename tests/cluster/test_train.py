@@ -132,9 +132,8 @@ def test_killed_run_resumes_from_the_latest_checkpoint_and_the_curve_continues(
     make_sandbox, tmp_path, assets, zero3_losses
 ):
     box = make_sandbox(nodes=2, slots=1)
-    straight, flags = zero3_losses, ZERO3
     output = tmp_path / "killed"
-    proc = _train(box.cluster_file, assets, output, *flags, wait=False)
+    proc = _train(box.cluster_file, assets, output, *ZERO3, wait=False)
     deadline = time.monotonic() + 300
     while not (output / "checkpoint-8" / "TRAINFLEET_COMPLETE").exists():
         assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
@@ -145,12 +144,16 @@ def test_killed_run_resumes_from_the_latest_checkpoint_and_the_curve_continues(
     # pointer switch; the resume takes the newest complete one either way
     assert checkpoints.latest_checkpoint(output).name in ("checkpoint-8", "checkpoint-12")
 
-    code, out = _train(box.cluster_file, assets, output, *flags)
+    code, out = _train(box.cluster_file, assets, output, *ZERO3)
     assert code == 0, out
     assert "resuming from checkpoint-" in out
     resumed = _losses(output)  # metrics.jsonl keeps both runs' lines; later ones win
     for step in range(9, 13):
-        assert resumed[step] == pytest.approx(straight[step], rel=1e-4), (step, resumed, straight)
+        assert resumed[step] == pytest.approx(zero3_losses[step], rel=1e-4), (
+            step,
+            resumed,
+            zero3_losses,
+        )
     assert sorted(p.name for p in output.glob("checkpoint-*")) == ["checkpoint-12", "checkpoint-8"]
 
 
