@@ -12,7 +12,7 @@ import hashlib
 import re
 import subprocess
 
-from trainfleet.untrusted import valid_key, valid_known_hosts_name
+from trainfleet.untrusted import printable, valid_key, valid_known_hosts_name
 
 KEYSCAN_TIMEOUT_S = 5
 
@@ -23,8 +23,12 @@ _UNKNOWN_KEY = re.compile(r"No \S+ host key is known for (\S+) and you have requ
 
 
 def fingerprint(key: str) -> str:
-    """`ssh-ed25519 AAAA...` -> `ssh-ed25519 SHA256:...`, as `ssh-keygen -l` prints it."""
-    kind, blob = key.split()[:2]
+    """`ssh-ed25519 AAAA...` -> `ssh-ed25519 SHA256:...`, as `ssh-keygen -l` prints it (a
+    line of a known_hosts file that is not a key says so instead)."""
+    kind_and_blob = " ".join(key.split()[:2])  # a .pub file's line ends in a comment
+    if not valid_key(kind_and_blob):
+        return f"{printable(key)[:40]!r} (not a valid public key)"
+    kind, blob = kind_and_blob.split()
     digest = hashlib.sha256(base64.b64decode(blob)).digest()
     return f"{kind} SHA256:{base64.b64encode(digest).decode().rstrip('=')}"
 

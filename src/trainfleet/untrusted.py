@@ -9,19 +9,35 @@ every host; an interface `ens1\n    env: {LD_PRELOAD: ...}` would reach every no
     [True, True, True, False, False]
     >>> valid_name("gpu-node-1\\n"), valid_name("fe80::1%x *"), valid_name("10.0.0.1,*")
     (False, False, False)
-    >>> valid_key("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIB"), valid_key("@cert-authority *")
-    (True, False)
+    >>> key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFol2UvIazLX/8FAnaR4NxMQs2aW4irjM1pE/uTTkDhM"
+    >>> valid_key(key), valid_key("@cert-authority *"), valid_key("ssh-ed25519 AAAA")
+    (True, False, False)
     >>> valid_interface("ens14f0"), valid_interface("ens1\\n  env: {}"), valid_peer("0.0.0.0")
     (True, False, False)
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import ipaddress
 import re
 
 _LABEL = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
-_KEY = re.compile(r"(?:ssh|ecdsa|sk)-[A-Za-z0-9@.-]+ [A-Za-z0-9+/]+={0,2}")
+_KEY = re.compile(r"(\S+) ([A-Za-z0-9+/]+={0,2})")
+KEY_TYPES = frozenset(
+    {
+        "ssh-ed25519",
+        "ssh-rsa",
+        "ssh-dss",
+        "ecdsa-sha2-nistp256",
+        "ecdsa-sha2-nistp384",
+        "ecdsa-sha2-nistp521",
+        "sk-ssh-ed25519@openssh.com",
+        "sk-ecdsa-sha2-nistp256@openssh.com",
+    }
+)
+"""The public key types OpenSSH writes in known_hosts and authorized_keys lines."""
 _ADDRESS = re.compile(r"[0-9A-Fa-f:.]+")
 """An IP address as written, without a zone (`%eth0` may hold any character)."""
 
@@ -45,8 +61,18 @@ def valid_known_hosts_name(name: str) -> bool:
 
 
 def valid_key(key: str) -> bool:
-    """`type base64`, as ssh-keyscan prints a key after the host name."""
-    return bool(_KEY.fullmatch(key))
+    """Exactly one public key, `type base64` as ssh-keyscan prints it after the host name: a
+    type OpenSSH knows, and base64 whose blob starts with that same type (as every SSH public
+    key does), so that the fingerprint of a key that passes can always be computed."""
+    match = _KEY.fullmatch(key)
+    if not match or match.group(1) not in KEY_TYPES:
+        return False
+    try:
+        blob = base64.b64decode(match.group(2), validate=True)
+    except binascii.Error:
+        return False
+    size = int.from_bytes(blob[:4], "big")
+    return blob[4 : 4 + size] == match.group(1).encode() and len(blob) > 4 + size
 
 
 _IFACE = re.compile(r"[A-Za-z0-9_.-]{1,15}")
@@ -77,3 +103,14 @@ def printable(text: str) -> str:
     """`text` with control characters (escape sequences, carriage returns, newlines) shown as
     `?`: a node's words go to the user's terminal as text, never as commands to it."""
     return "".join(c if c.isprintable() else "?" for c in text)
+
+
+def printable_lines(text: str) -> str:
+    """`printable` for each line of a report: its own line breaks stay, nothing else does.
+    Every human report applies it last, to whatever its lines quote from nodes.
+
+    >>> print(printable_lines("torch: \\x1b]0;title\\x07broken\\nfix: reinstall\\r"))
+    torch: ?]0;title?broken
+    fix: reinstall?
+    """
+    return "\n".join(printable(line) for line in text.split("\n"))

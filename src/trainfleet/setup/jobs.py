@@ -16,6 +16,7 @@ from trainfleet.errors import SetupError
 from trainfleet.nodeset import fold_names
 from trainfleet.remote import NodeResult, run_on_nodes
 from trainfleet.setup import hostkeys, verify
+from trainfleet.untrusted import printable, valid_key
 
 JOB_TIMEOUT_S = 60
 JOB_ARGV = node_programs.argv(verify.PROBE_PYTHON, "sshkeys")
@@ -47,7 +48,57 @@ def run_jobs(nodes: Sequence[Node], jobs: Mapping[str, dict]) -> dict[str, dict]
     failed = [r for r in results if not r.ok]
     if failed:
         raise _job_failed(failed)
-    return {r.node: json.loads(r.stdout.strip().splitlines()[-1]) for r in results}
+    return {r.node: read_answer(r.node, r.stdout, jobs[r.node]) for r in results}
+
+
+def read_answer(host: str, stdout: str, job: dict) -> dict:
+    """The job's JSON answer, checked field by field: root on the node writes it, and its keys
+    end up in every node's authorized_keys and known_hosts, its paths and names on the screen."""
+    lines = stdout.strip().splitlines()
+    try:
+        answer = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        answer = None
+    problem = "is not a JSON object" if not isinstance(answer, dict) else _problem(answer, job)
+    if problem:
+        raise SetupError(
+            f"{host}: the setup job's answer {problem}",
+            f"check that `{verify.PROBE_PYTHON}` there is a plain CPython and that ssh-keygen "
+            "works there; this machine wrote nothing from that answer",
+        )
+    return answer
+
+
+_TEXT = ("identity", "known_hosts", "authorized_keys")
+"""Paths shown to the user and sent back to the node (its `hostname` is read elsewhere)."""
+_FLAGS = ("key_created", "key_missing")
+_COUNTS = ("known_added", "authorized_added")
+
+
+def _problem(answer: dict, job: dict) -> str | None:
+    """What is wrong with a trust job's answer (None: nothing)."""
+    for field in _TEXT:
+        text = answer.get(field)
+        if not isinstance(text, str) or printable(text) != text or not 0 < len(text) <= 4096:
+            return f"has no plain {field}"
+    if any(not isinstance(answer.get(f), bool) for f in _FLAGS):
+        return "has no key_created/key_missing flags"
+    if any(type(answer.get(f)) is not int or answer[f] < 0 for f in _COUNTS):
+        return "has no counts of the lines it added"
+    pubkey = answer.get("pubkey")
+    if pubkey is not None and not (isinstance(pubkey, str) and valid_key(pubkey)):
+        return f"holds a public key that is not exactly one key ({printable(str(pubkey))[:80]!r})"
+    known = answer.get("known")
+    asked = set(job.get("lookup", []))
+    if not isinstance(known, dict) or set(known) != asked:
+        return "does not list the known keys of exactly the names asked for"
+    for name, keys in known.items():
+        if not isinstance(keys, list) or not all(isinstance(k, str) and valid_key(k) for k in keys):
+            return f"lists known keys for {name} that are not keys"
+    removed = answer.get("removed")
+    if not isinstance(removed, list) or not set(removed) <= set(job.get("remove", [])):
+        return "says it removed names it was not asked to remove"
+    return None
 
 
 def node_job(node: Node, **fields) -> dict:

@@ -84,10 +84,16 @@ def this_machine(
         add, stale = hostkeys.plan_names(target.names, target.offered, known)
         if not add and not stale:
             continue
-        if not (trusted_file and hostkeys.trusted_by_file(trusted_file, target)):
-            changed += hostkeys.describe_changed(THIS_MACHINE, target, stale)
-            fresh = [] if stale else hostkeys.new_keys(target, known)
-            new += hostkeys.describe_new(target, fresh) if fresh else []
+        # Every line is a question (a trusted key under a new name too), unless --known-hosts
+        # FILE lists that key under that very name.
+        vouched = hostkeys.vouched(trusted_file, add) if trusted_file else set()
+        asked = [line for line in add if line not in vouched]
+        asked_names = {line.split(" ", 1)[0] for line in asked}
+        changed += hostkeys.describe_changed(
+            THIS_MACHINE, target, {n: old for n, old in stale.items() if n in asked_names}
+        )
+        fresh = [line for line in asked if line.split(" ", 1)[0] not in stale]
+        new += hostkeys.describe_new(target, fresh, known)
         remove, lines = writes.setdefault(views[node.host]["known_hosts"], ([], []))
         remove += list(stale)
         lines += add

@@ -4,8 +4,8 @@
     >>> denied = "u@10.0.0.12: Permission denied (password)."
     >>> facts = {"gpu-node-1": NodeFacts(active=Active(ssh={
     ...     "gpu-node-1": SshOutcome(rc=0), "gpu-node-2": SshOutcome(rc=255, stderr=denied)}))}
-    >>> auth_pairs(facts)
-    [('gpu-node-1', 'gpu-node-2')]
+    >>> auth_pairs(facts, ["gpu-node-1", "gpu-node-2"]), auth_pairs(facts, ["gpu-node-1"])
+    ([('gpu-node-1', 'gpu-node-2')], [])
 
 Facts, then decisions, then changes, then doctor's ssh checks:
 
@@ -24,7 +24,7 @@ Facts, then decisions, then changes, then doctor's ssh checks:
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 from trainfleet.catalog import FindingId
@@ -39,17 +39,19 @@ from trainfleet.setup import askpass, hostkeys, verify
 from trainfleet.setup.jobs import JOB_ARGV, JOB_TIMEOUT_S, job_line, node_job, run_jobs
 from trainfleet.setup.launchside import this_machine
 from trainfleet.setup.result import Confirm, SetupResult
-from trainfleet.untrusted import valid_name
 
 Password = Callable[[list[str]], str]
 """password(nodes that need it) -> the password; raises SetupError when none can be had."""
 
 
-def auth_pairs(facts: Mapping[str, NodeFacts]) -> list[tuple[str, str]]:
-    """(source, target) pairs of doctor's N x N matrix that failed on authentication."""
+def auth_pairs(facts: Mapping[str, NodeFacts], hosts: Collection[str]) -> list[tuple[str, str]]:
+    """(source, target) pairs of doctor's N x N matrix that failed on authentication. A target
+    is one of the cluster's `hosts`: a name a node's report adds is its word, no key's home."""
     pairs = []
     for src, sheet in facts.items():
         for dst, outcome in sheet.active.ssh.items():
+            if dst not in hosts:
+                continue
             failure = classify(outcome.rc, outcome.stderr, outcome.rc == 124, True)
             if failure is Failure.AUTH:
                 pairs.append((src, dst))
@@ -123,6 +125,41 @@ def _log_in(
     return {r.node: r.stdout.strip() for r in results}
 
 
+def _own_hostnames(
+    hostnames: Mapping[str, str], targets: dict[str, hostkeys.Target], result: SetupResult
+) -> None:
+    """Each node's own hostname becomes a name of its key where `own_hostname_refused` finds
+    nothing against it; else a note says why not. Root on a node sets its hostname: `*` would
+    trust its key for every host, `gpu-node-1` or `github.com` would let it stand in for them."""
+    here = {socket.gethostname().lower()}
+    new = {
+        host: name
+        for host, name in hostnames.items()
+        if name.lower() not in {n.lower() for n in targets[host].bare_names}
+    }
+    with ThreadPoolExecutor(max_workers=16) as pool:  # a resolver that does not answer waits
+        resolved = dict(zip(new.values(), pool.map(hostkeys.ipv4s, new.values()), strict=True))
+    for host, name in hostnames.items():
+        target = targets[host]
+        others = [t for h, t in targets.items() if h != host]
+        why = hostkeys.own_hostname_refused(
+            name, target, others, this_machine=here, resolve=lambda n: resolved.get(n, set())
+        )
+        if why is None:
+            target.machine_hostname = name
+            continue
+        fix = (
+            "set a plain name there with hostnamectl"
+            if why == "is not a host name"
+            else "reach it by a name in the cluster spec, or give its name this machine's "
+            "/etc/hosts entry or DNS record for its address"
+        )
+        result.note(
+            f"{host} says its hostname is {name[:80]!r}, which {why}: its key is not"
+            f" trusted under that name ({fix})"
+        )
+
+
 # ----------------------------------------------------------------------------- step 3
 
 
@@ -184,7 +221,7 @@ def _node_known_hosts(
 
 def _node_trust(cluster: Cluster, views: dict[str, dict], result: SetupResult) -> Survey:
     survey = verify.survey(cluster, verify.SSH, probe_python=verify.PROBE_PYTHON)
-    pairs = auth_pairs(survey.facts)
+    pairs = auth_pairs(survey.facts, [node.host for node in cluster.nodes])
     if not pairs:
         return survey
     sources = sorted({src for src, _ in pairs}, key=[n.host for n in cluster.nodes].index)
@@ -250,14 +287,7 @@ def setup_ssh(
     hostnames = _log_in(cluster, targets, pubkeys, result, password)
     if hostnames is None:
         return result
-    for host, name in hostnames.items():
-        if valid_name(name):
-            targets[host].machine_hostname = name
-        else:  # root there can set any name: `*` in known_hosts would trust its key everywhere
-            result.note(
-                f"{host} says its hostname is {name[:80]!r}, which is not a host name: its key is"
-                " not trusted under that name (set a plain name there with hostnamectl)"
-            )
+    _own_hostnames(hostnames, targets, result)
     this_machine(cluster, targets, result, confirm, trusted_file)  # the nodes' own hostnames
     views = _node_known_hosts(cluster, targets, result, confirm)
     survey = _node_trust(cluster, views, result)
