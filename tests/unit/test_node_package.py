@@ -132,3 +132,45 @@ def test_no_python_program_is_left_in_a_string_literal_outside_the_node_package(
                 if _python_like(constant.value):
                     found.append(f"{path.relative_to(SRC)}:{constant.lineno}")
     assert found == []
+
+
+PLANTED = ("base64", "json", "runpy", "pip", "compileall", "venv", "trainfleet")
+"""Modules a file in the current directory would shadow if it came first on sys.path."""
+
+
+def _plant(directory: Path) -> Path:
+    """A `NAME.py` for each of PLANTED in `directory` that leaves a mark when it runs."""
+    marks = directory / "ran"
+    marks.mkdir()
+    for name in PLANTED:
+        code = f"open({str(marks / name)!r}, 'w').close()\n"
+        (directory / f"{name}.py").write_text(code)
+    return marks
+
+
+def test_no_program_trainfleet_starts_imports_from_the_directory_it_starts_in(tmp_path):
+    """The launch directory is often shared storage that nodes write to: a `base64.py` there
+    ran as trainfleet when the node-program loader started in it (doctor --fix's known_hosts
+    append, every localhost node), a `pip.py` when setup pyenv asked pip for its config."""
+    from trainfleet.node import isolated
+    from trainfleet.setup import wheels
+
+    marks = _plant(tmp_path)
+    line = node.line("files", "put_private", {"dir": str(tmp_path / "run"), "files": {"a": "x"}})
+    loaded = subprocess.run(node.argv(sys.executable, "files"), input=line, cwd=tmp_path,
+                            capture_output=True, check=False)  # fmt: skip
+    assert loaded.returncode == 0, loaded.stderr
+    assert (tmp_path / "run" / "a").read_text() == "x"
+    module = isolated.module_argv(sys.executable, "compileall", ["-q", str(tmp_path / "run")])
+    assert subprocess.run(module, cwd=tmp_path, capture_output=True, check=False).returncode == 0
+    here = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        wheels.pip_find_links()
+    finally:
+        os.chdir(here)
+    assert sorted(p.name for p in marks.iterdir()) == []
+    # ... and the planted files would have run without it (the test can fail):
+    plain = [sys.executable, "-c", "import base64, json"]
+    subprocess.run(plain, cwd=tmp_path, check=True)
+    assert sorted(p.name for p in marks.iterdir()) == ["base64", "json"]

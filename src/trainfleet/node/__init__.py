@@ -27,6 +27,7 @@ reads it as its lifeline.
     dsops       `setup pyenv`'s DeepSpeed ops: built for the environment or not; building them
     collective  doctor's stack phase: torch imported once, then a real all_reduce
     porthold    a port held on purpose (the sandbox's `port-in-use` fault)
+    isolated    Python started without the current directory on sys.path
 """
 
 import ast
@@ -36,11 +37,15 @@ import inspect
 import json
 import os
 
+from trainfleet.node import isolated
+
 PACKAGE = "trainfleet.node"
 LOADER = (
-    "import base64,sys;"
+    isolated.ABSOLUTE_PATH_ONLY + ";import base64;"
     "exec(compile(base64.b64decode(sys.stdin.readline()),'trainfleet-node','exec'))"
 )
+"""Imports nothing from the directory it starts in (a `base64.py` there would run first):
+`trainfleet.node.isolated`."""
 
 
 def argv(python, name):

@@ -21,7 +21,7 @@ import shutil
 import subprocess
 import sys
 
-from trainfleet.node import software
+from trainfleet.node import isolated, software
 
 
 def _driver():
@@ -81,7 +81,8 @@ def install(job):
     target = job["target"]
     python = os.path.join(target, "bin", "python")
     if not os.path.exists(python):
-        made = subprocess.run([sys.executable, "-m", "venv", "--without-pip", target])
+        venv = isolated.module_argv(sys.executable, "venv", ["--without-pip", target])
+        made = subprocess.run(venv)
         if made.returncode != 0:
             return made.returncode
     # pip runs from its own wheel (a zip on sys.path): the environment needs no pip to start.
@@ -98,6 +99,7 @@ def install(job):
     shutil.rmtree(job["dir"], ignore_errors=True)
     # What is compiled already is skipped; what cannot be (a file for another Python) is
     # left, as pip leaves it (-qq: no list of those).
-    compile_all = [python, "-m", "compileall", "-qq", "-j", "0", os.path.join(target, "lib")]
+    lib = os.path.join(target, "lib")
+    compile_all = isolated.module_argv(python, "compileall", ["-qq", "-j", "0", lib])
     subprocess.run(compile_all, stdout=sys.stderr)
     return 0

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+from trainfleet.node import isolated
+
 TRAINING = ("torch", "deepspeed", "transformers", "accelerate", "peft", "datasets", "trl",
             "flash-attn", "bitsandbytes", "xformers", "liger-kernel", "tokenizers",
             "safetensors", "sentencepiece", "ninja", "tensorboard", "wandb", "py-spy",
@@ -211,8 +213,8 @@ def driver_too_old(torch_version: str, driver: str | None) -> str | None:
 
 def pip_find_links() -> list[str]:
     """The wheel directories pip's configuration names (find-links), for wheels already here."""
-    done = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True,
-                          text=True, timeout=60, check=False)  # fmt: skip
+    argv = isolated.module_argv(sys.executable, "pip", ["config", "list"], version=sys.version_info)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
     dirs = []
     for line in done.stdout.splitlines():
         key, _, value = line.partition("=")
