@@ -3,17 +3,34 @@ that carries several nodes' output (DeepSpeed's runner over pdsh) read by its ow
 
 from __future__ import annotations
 
+import base64
+import dataclasses
 import inspect
 import io
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
 
 import pytest
 
+from trainfleet import node
+from trainfleet.cluster import parse_cluster_yaml
 from trainfleet.errors import TrainfleetError
-from trainfleet.launch import BACKENDS, backend_for
+from trainfleet.launch import BACKENDS, backend_for, deepspeed
 from trainfleet.launch.backend import Channel, LaunchBackend
-from trainfleet.launch.deepspeed import DeepSpeedPlan, NodeTableEntry, pdsh_line
+from trainfleet.launch.deepspeed import (
+    DeepSpeedPlan,
+    NodeTableEntry,
+    pdsh_line,
+    plan_deepspeed,
+    render_deepspeed,
+)
 from trainfleet.launch.output import MergedOutput
-from trainfleet.launch.plan import Backend, LaunchOptions
+from trainfleet.launch.plan import Backend, LaunchFacts, LaunchOptions
+from trainfleet.node import shim
+from trainfleet.remote.failures import Failure, NodeResult
 
 pytestmark = pytest.mark.unit
 
@@ -91,3 +108,133 @@ def test_a_beat_behind_a_progress_bar_on_the_same_line_is_still_a_beat(tmp_path)
     shown = out.getvalue()
     assert bar in shown and "@@trainfleet" not in shown
     assert len(shown.splitlines()) == 1  # the bare "\r" before the second beat is no line
+
+
+JUMP_PASSWORD = "jump-pw-7"
+NODE_2_SECRET = "node-2-only-secret"
+TRACKING_URI = "https://ci:S3cr3tPassw0rd@mlflow.example.com"
+CLUSTER = f"""\
+master: gpu-node-1
+ssh:
+  options: ["-o", "ProxyCommand=sshpass\\t-p\\t{JUMP_PASSWORD}\\tssh\\t-W\\t%h:%p\\tjump"]
+nodes:
+  - host: gpu-node-1
+    slots: 2
+  - host: gpu-node-2
+    slots: 2
+    env: {{WANDB_API_KEY: {NODE_2_SECRET}}}
+"""
+LAUNCH_ENV = {
+    "HOME": "/nonexistent-home",  # no ~/.deepspeed_env
+    "NCCL_DEBUG": "INFO",
+    "MLFLOW_TRACKING_URI": TRACKING_URI,
+}
+
+
+def _planned(tmp_path: Path) -> DeepSpeedPlan:
+    """A two-node plan of the deepspeed backend, its node directory under tmp_path."""
+    plan = plan_deepspeed(
+        parse_cluster_yaml(CLUSTER, "cluster.yaml"),
+        {host: LaunchFacts(interface="eth0", gpus=2) for host in ("gpu-node-1", "gpu-node-2")},
+        LaunchOptions(command=("train.py",), backend=Backend.DEEPSPEED, run_id="r1"),
+        master_addr="10.0.0.11",
+        launch_env=LAUNCH_ENV,
+        launch_cwd="/w",
+        run_dir=tmp_path,
+        python="/usr/bin/python3",
+    )
+    return dataclasses.replace(plan, node_dir=str(tmp_path / "trainfleet-r1"))
+
+
+def _started(plan: DeepSpeedPlan, tmp_path: Path, monkeypatch) -> tuple[Channel, dict[str, bytes]]:
+    """The runner's channel, and what each node was sent on stdin to write its files (the
+    nodes answer ok without being reached)."""
+    sent: dict[str, bytes] = {}
+
+    def run_on_nodes(nodes, argv, *, stdin, timeout):
+        # As remote.run_on_nodes reads `stdin`: one value for every node, or one per node.
+        per_node = stdin if isinstance(stdin, Mapping) else {n.host: stdin for n in nodes}
+        sent.update(per_node)
+        return [
+            NodeResult(node=n.host, returncode=0, stdout="", stderr="", duration_s=0.0,
+                       failure=Failure.NONE)
+            for n in nodes
+        ]  # fmt: skip
+
+    monkeypatch.setattr(deepspeed, "run_on_nodes", run_on_nodes)
+    for name, value in LAUNCH_ENV.items():
+        monkeypatch.setenv(name, value)
+    cluster = parse_cluster_yaml(CLUSTER, "cluster.yaml")
+    [runner] = deepspeed.BACKEND.start(plan, cluster, tmp_path)
+    return runner, sent
+
+
+def _put_node_files(job: bytes) -> None:
+    """Runs a node's files job here, as the node runs it."""
+    done = subprocess.run(node.argv(sys.executable, "files"), input=job, capture_output=True)
+    assert done.returncode == 0, done.stderr
+
+
+def _shim_env(plan: DeepSpeedPlan, directory: Path, rank: int, monkeypatch) -> dict[str, str]:
+    """The variables the shim of `rank` sets, its table in `directory` under the name the
+    runner exports (DS_ENV_FILE's TRAINFLEET_NODE_ENV)."""
+    exported = dict(line.split("=", 1) for line in plan.ds_env.splitlines())
+    monkeypatch.setenv(
+        "TRAINFLEET_NODE_ENV", str(directory / Path(exported["TRAINFLEET_NODE_ENV"]).name)
+    )
+    monkeypatch.setenv("RANK", str(rank))
+    return shim.node_env()
+
+
+def test_the_deepspeed_dry_run_masks_the_ssh_options_it_gives_pdsh(tmp_path):
+    """#33 (review Part 3): --dry-run printed PDSH_SSH_ARGS_APPEND as is, a ProxyCommand's
+    sshpass password with it."""
+    plan = _planned(tmp_path)
+    shown = render_deepspeed(plan)
+    assert "PDSH_SSH_ARGS_APPEND=" in shown and "sshpass" in shown
+    assert JUMP_PASSWORD not in shown
+    assert JUMP_PASSWORD in plan.env["PDSH_SSH_ARGS_APPEND"]  # pdsh's ssh still needs it
+
+
+def test_a_password_in_a_runner_exported_value_stays_off_pdsh_s_command_line(tmp_path, monkeypatch):
+    """#33 (review F4): DeepSpeed's runner writes `export MLFLOW_TRACKING_URI=...` into pdsh's
+    command line (every node's `ps`); only secret names were kept from it, not a URL's
+    password. The nodes get it from their own table instead."""
+    plan = _planned(tmp_path)
+    runner, _ = _started(plan, tmp_path, monkeypatch)
+    assert not any("S3cr3tPassw0rd" in value for value in runner.env.values())
+    assert runner.env["NCCL_DEBUG"] == "INFO"  # what holds no secret is still exported
+    assert all(entry.env["MLFLOW_TRACKING_URI"] == TRACKING_URI for entry in plan.node_table)
+    assert "S3cr3tPassw0rd" not in render_deepspeed(plan)
+
+
+def test_each_node_is_sent_only_its_own_variables(tmp_path, monkeypatch):
+    """#33 (review Part 3): node_env.json carried every node's variables to every node, so
+    gpu-node-1 held gpu-node-2's own secret from cluster.yaml."""
+    plan = _planned(tmp_path)
+    _, sent = _started(plan, tmp_path, monkeypatch)
+    assert NODE_2_SECRET.encode() not in base64.b64decode(sent["gpu-node-1"])
+    assert NODE_2_SECRET.encode() in base64.b64decode(sent["gpu-node-2"])
+    directory = Path(plan.node_dir)
+    _put_node_files(sent["gpu-node-1"])
+    assert not any(NODE_2_SECRET in f.read_text() for f in directory.iterdir())
+
+
+def test_the_shim_finds_its_node_s_variables_alone_and_in_a_directory_nodes_share(
+    tmp_path, monkeypatch
+):
+    """Each node on its own machine, then every node writing into one directory (nodes that
+    share /tmp, as the sandbox's do): each rank gets its own node's variables."""
+    plan = _planned(tmp_path)
+    _, sent = _started(plan, tmp_path, monkeypatch)
+    directory = Path(plan.node_dir)
+    for host, rank in (("gpu-node-1", 1), ("gpu-node-2", 2)):
+        _put_node_files(sent[host])
+        env = _shim_env(plan, directory, rank, monkeypatch)
+        assert env["TRAINFLEET_NODE"] == host
+        assert env.get("WANDB_API_KEY") == (NODE_2_SECRET if host == "gpu-node-2" else None)
+        shutil.rmtree(directory)
+    for host in ("gpu-node-1", "gpu-node-2"):
+        _put_node_files(sent[host])
+    assert _shim_env(plan, directory, 0, monkeypatch)["TRAINFLEET_NODE"] == "gpu-node-1"
+    assert _shim_env(plan, directory, 3, monkeypatch)["WANDB_API_KEY"] == NODE_2_SECRET

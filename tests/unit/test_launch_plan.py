@@ -6,15 +6,15 @@ import pytest
 
 from trainfleet.cluster import load_cluster, parse_cluster_yaml
 from trainfleet.errors import TrainfleetError
+from trainfleet.launch.masking import mask_value, masked, masked_argv
 from trainfleet.launch.plan import (
     LaunchFacts,
     LaunchOptions,
     choose_master_port,
-    masked,
-    masked_argv,
     plan_launch,
     render_plan,
 )
+from trainfleet.node import isolated
 
 pytestmark = pytest.mark.unit
 
@@ -31,9 +31,11 @@ nodes:
     env: {NCCL_IB_HCA: mlx5, WANDB_API_KEY: secret123}
 """
 FACTS = {
-    "gpu-node-1": LaunchFacts(interface="ens14f0", gpus=2),
-    "gpu-node-2": LaunchFacts(interface="ens14f1", gpus=0),
+    "gpu-node-1": LaunchFacts(interface="ens14f0", gpus=2, python_version=(3, 11)),
+    "gpu-node-2": LaunchFacts(interface="ens14f1", gpus=0, python_version=(3, 10)),
 }
+"""(torchrun's agent imports nothing from the working directory: with -P on 3.11, with a
+sys.path filter before 3.11.)"""
 LAUNCH_ENV = {
     "PATH": "/opt/conda/envs/train/bin:/usr/bin",
     "MLFLOW_TRACKING_PASSWORD": "mlflow-pw",
@@ -46,7 +48,7 @@ EXPECTED = """\
 backend ssh: 2 node(s), world size 4, master gpu-node-1 (10.0.0.11:29500)
 
 gpu-node-1: node_rank 0, ranks 0-1, cwd /work/project
-  argv: /opt/conda/envs/train/bin/python -u -m torch.distributed.run --nnodes=2 --node-rank=0 --nproc-per-node=2 --master-addr=10.0.0.11 --master-port=29500 --tee=3 '{SHIM}' train.py --lr 1e-4
+  argv: /opt/conda/envs/train/bin/python -u -P -m torch.distributed.run --nnodes=2 --node-rank=0 --nproc-per-node=2 --master-addr=10.0.0.11 --master-port=29500 --tee=3 '{SHIM}' train.py --lr 1e-4
   env:
     GLOO_SOCKET_IFNAME=ens14f0  # interface to the master
     HF_HOME=/data/hf  # cluster.yaml
@@ -62,7 +64,7 @@ gpu-node-1: node_rank 0, ranks 0-1, cwd /work/project
     TRAINFLEET_RUN_ID=r1
 
 gpu-node-2: node_rank 1, ranks 2-3, cwd /work/project
-  argv: /opt/conda/envs/train/bin/python -u -m torch.distributed.run --nnodes=2 --node-rank=1 --nproc-per-node=2 --master-addr=10.0.0.11 --master-port=29500 --tee=3 '{SHIM}' train.py --lr 1e-4
+  argv: /opt/conda/envs/train/bin/python -u -c 'import sys;sys.path[:]=[p for p in sys.path if p[:1]=="/"];import runpy;del sys.argv[0];runpy.run_module(sys.argv[0],run_name="__main__",alter_sys=True)' torch.distributed.run --nnodes=2 --node-rank=1 --nproc-per-node=2 --master-addr=10.0.0.11 --master-port=29500 --tee=3 '{SHIM}' train.py --lr 1e-4
   env:
     DS_ACCELERATOR=cpu  # no GPU on the node
     GLOO_SOCKET_IFNAME=ens14f1  # interface to the master
@@ -199,7 +201,8 @@ def test_deepspeed_plan_explicit_hosts_master_and_per_node_env_without_secrets_i
     from trainfleet.launch.deepspeed import render_deepspeed
 
     plan = _ds_plan(parse_cluster_yaml(CLUSTER, "cluster.yaml"), tmp_path)
-    assert plan.argv[:4] == ["/usr/bin/python3", "-u", "-m", "deepspeed.launcher.runner"]
+    runner = ["/usr/bin/python3", "-u", "-c", isolated.RUN_MODULE, "deepspeed.launcher.runner"]
+    assert plan.argv[:5] == runner  # importing nothing from the launch directory
     assert "--include" in plan.argv
     assert plan.argv[plan.argv.index("--include") + 1] == "gpu-node-1:0,1@gpu-node-2:0,1"
     assert "--master_addr=10.0.0.11" in plan.argv and "--no_ssh_check" in plan.argv
@@ -235,3 +238,87 @@ def test_a_restart_is_told_to_every_rank_on_both_backends(tmp_path):
     cluster = parse_cluster_yaml(CLUSTER, "cluster.yaml")
     assert {n.env["TRAINFLEET_RESTART"] for n in _plan(cluster, restart=2).nodes} == {"2"}
     assert "TRAINFLEET_RESTART=2" in _ds_plan(cluster, tmp_path, restart=2).ds_env.splitlines()
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        ("postgres://u:p@ss@db:5432/app", "postgres://u:***@db:5432/app"),
+        ("http://u:pa/ss@proxy:3128", "http://u:***@proxy:3128"),
+        ("user:S3cr3t@tcp(db:3306)/app", "user:***@tcp(db:3306)/app"),
+        ("DefaultEndpointsProtocol=https;AccountName=acct;AccountKey=c2VjcmV0a2V5==;"
+         "EndpointSuffix=core.windows.net",
+         "DefaultEndpointsProtocol=https;AccountName=acct;AccountKey=***;"
+         "EndpointSuffix=core.windows.net"),
+        ("BlobEndpoint=https://acct.blob.core.windows.net/;SharedAccessSignature=sv=2022&sig=Zm9v",
+         "BlobEndpoint=https://acct.blob.core.windows.net/;SharedAccessSignature=***"),
+        ("Bearer eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.c2ln", "Bearer ***"),
+        ("Authorization: Bearer eyJhbGciOiJIUzI1NiJ9.e30.c2ln", "Authorization: Bearer ***"),
+        ("-o ProxyCommand=sshpass\t-p\tjump-pw\tssh\t-W\t%h:%p\tjump",
+         "-o ProxyCommand=sshpass\t-p\t***\tssh\t-W\t%h:%p\tjump"),
+    ],
+)  # fmt: skip
+def test_a_password_in_a_value_is_masked_whole_and_the_rest_still_shows(value, shown):
+    """#33 (review F12): `p@ss` showed as `***@ss`, and a password with `/`, a scheme-less DSN, an
+    Azure key or SAS, a Bearer token and sshpass's -p in a ProxyCommand showed whole."""
+    assert mask_value(value) == shown
+
+
+def test_passphrase_and_apikey_names_and_password_flags_are_masked():
+    """#33 (review F12): SSH_PASSPHRASE, OPENAI_APIKEY, --passphrase X, sshpass -p X and
+    mysql -pX showed their secret."""
+    assert masked({"SSH_PASSPHRASE": "open sesame", "OPENAI_APIKEY": "k-123"}) == {
+        "SSH_PASSPHRASE": "***",
+        "OPENAI_APIKEY": "***",
+    }
+    assert masked_argv(["sign.py", "--passphrase", "open-sesame", "--apikey=k-123"]) == [
+        "sign.py", "--passphrase", "***", "--apikey=***"
+    ]  # fmt: skip
+    assert masked_argv(["sshpass", "-p", "pw1", "ssh", "-p", "2222", "gpu-node-2"]) == [
+        "sshpass", "-p", "***", "ssh", "-p", "2222", "gpu-node-2"
+    ]  # fmt: skip
+    assert masked_argv(["/usr/bin/sshpass", "-ppw1", "rsync", "-a", "src", "dst"])[1] == "-p***"
+    assert masked_argv(["mysql", "-uroot", "-ppw1", "app"]) == ["mysql", "-uroot", "-p***", "app"]
+    shown = masked_argv(["bash", "-c", "sshpass -p 'pw1' ssh gpu-node-2 --hub_token hf_x"])
+    assert "pw1" not in shown[2] and "hf_x" not in shown[2]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["ssh", "-p", "2222", "gpu-node-2"],  # a port
+        ["mkdir", "-p", "/data/out"],  # a flag
+        ["mysql", "-p", "app"],  # asks for the password; app is the database
+        ["sshpass", "-f", "/run/pw", "ssh", "-p", "22", "gpu-node-2"],  # ssh's port, not sshpass's
+    ],
+)  # fmt: skip
+def test_a_short_p_that_is_no_password_is_shown(argv):
+    assert masked_argv(argv) == argv
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "/data/models/llama-3-8b", "meta-llama/Llama-3.1-8B-Instruct", "gpu-node-1:29500",
+        "10.0.0.11:29500", "https://pypi.example/simple", "https://host:8443/org/repo@v1.0",
+        "git+https://github.com/org/repo@v1.0", "python:3.11@sha256:0123abcd",
+        "registry:5000/team/image@sha256:0123abcd", "8.0 8.6 9.0+PTX", "localhost,127.0.0.1",
+        "-F /etc/ssh/cfg -p 2222 -l ubuntu -oBatchMode=yes -T",
+    ],
+)  # fmt: skip
+def test_ordinary_values_are_shown_as_they_are(value):
+    """Masking what is no secret hides what the user needs to check in --dry-run."""
+    assert mask_value(value) == value
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("WANDB_API_KEY", "abc"), ("HF_TOKEN", "abc"), ("OTHER", "hf_" + "x" * 34),
+     ("OTHER", "ghp_" + "y" * 36), ("OTHER", "AKIAABCDEFGHIJKLMNOP"),
+     ("OTHER", "xoxb-1234567890-abcdef")],
+)  # fmt: skip
+def test_what_was_masked_before_stays_masked(name, value):
+    assert masked({name: value}) == {name: "***"}
+    assert masked_argv(["t.py", "--hub_token", value, f"--api_key={value}"]) == [
+        "t.py", "--hub_token", "***", "--api_key=***"
+    ]  # fmt: skip

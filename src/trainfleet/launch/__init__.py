@@ -35,7 +35,8 @@ from trainfleet.errors import TrainfleetError
 from trainfleet.files import write_private
 from trainfleet.launch import deepspeed, ssh
 from trainfleet.launch.backend import LaunchBackend, Plan
-from trainfleet.launch.plan import LaunchFacts, LaunchOptions, LaunchPlan, masked, masked_argv
+from trainfleet.launch.masking import masked, masked_argv
+from trainfleet.launch.plan import LaunchFacts, LaunchOptions, LaunchPlan
 from trainfleet.launch.supervisor import LaunchResult, RunState, supervise
 from trainfleet.node import procs
 from trainfleet.remote import run_on_nodes
@@ -100,10 +101,22 @@ def launch_facts(report: DoctorReport) -> dict[str, LaunchFacts]:
             listening = {e.port for e in held if e.port is not None}
             if any(f.id is FindingId.PORT_IN_USE for f in report.findings):  # doctor's verdict
                 listening.add(survey.cluster.master_port)
+        sheet = survey.facts.get(host) if survey else None
         facts[host] = LaunchFacts(
-            interface=info.get("interface"), gpus=info.get("gpus") or 0, listening=tuple(listening)
+            interface=info.get("interface"),
+            gpus=info.get("gpus") or 0,
+            listening=tuple(listening),
+            python_version=_minor_version(sheet.python.version if sheet else None),
         )
     return facts
+
+
+def _minor_version(version: str | None) -> tuple[int, int] | None:
+    """ "3.11.7" -> (3, 11); None where the probe said nothing readable."""
+    parts = (version or "").split(".")
+    if len(parts) < 2 or not all(p.isdecimal() for p in parts[:2]):
+        return None
+    return int(parts[0]), int(parts[1])
 
 
 def blocking(report: DoctorReport) -> list:

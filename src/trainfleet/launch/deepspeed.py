@@ -15,8 +15,9 @@ deepspeed.launcher.launch` with the launch node's python path. What trainfleet a
   ignores them; trainfleet's preflight has checked ssh to every node);
 - the rank shim as the script: on each node it sets that node's own environment (interface,
   DS_ACCELERATOR, cluster.yaml env, secrets) from a table written beforehand, over ssh, to a
-  private directory on every node (0700/0600), and removed after the run. Secrets never appear
-  in the pdsh command line, which every node's `ps` shows;
+  private directory on every node (0700/0600), and removed after the run. Each node gets only
+  its own entry of the table. Secrets, by name or in a value, never appear in the pdsh command
+  line, which every node's `ps` shows;
 - the user's ~/.deepspeed_env and ./.deepspeed_env (or $DS_ENV_FILE) are read here, as the
   runner reads them, into that table: the runner's DS_ENV_FILE then names trainfleet's own
   file, and nothing of the user's is lost;
@@ -45,24 +46,32 @@ from trainfleet.files import write_private
 from trainfleet.launch import environment
 from trainfleet.launch.backend import Channel, ChannelLine
 from trainfleet.launch.environment import RUNNER_EXPORTS
+from trainfleet.launch.masking import holds_secret, masked, masked_argv
 from trainfleet.launch.plan import (
     Backend,
     LaunchFacts,
     LaunchOptions,
     env_lines,
     head_line,
-    is_secret,
-    masked,
-    masked_argv,
     master_port,
     node_env,
 )
+from trainfleet.node import isolated
 from trainfleet.remote import run_on_nodes, ssh_options
+
+NODE_TABLE = "node_env.json"
+"""The table's index, which TRAINFLEET_NODE_ENV names: per node, its ranks and its own file."""
+
+
+def node_env_file(node_rank: int) -> str:
+    """The file beside the index that holds one node's variables, secrets included."""
+    return f"node_env.{node_rank}.json"
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
 class NodeTableEntry:
-    """One node of the table the shim reads on every node (node_env.json)."""
+    """One node of the table the shim reads: its entry goes to that node only
+    (`node_files`)."""
 
     host: str
     first_rank: int
@@ -94,7 +103,8 @@ class DeepSpeedPlan:
     env: dict[str, str]
     """Set over this machine's environment for the runner."""
     unset: list[str]
-    """Secrets removed from the runner's environment: it would put them on pdsh's command
+    """Variables removed from the runner's environment because they hold a secret, by name or
+    in their value (MLFLOW_TRACKING_URI=https://u:pw@host): it would put them on pdsh's command
     line (it exports NCCL*, PYTHON*, UCX*, MV2*, MLFLOW* as is); the node table carries them."""
     cwd: str
     notes: list[str]
@@ -151,7 +161,9 @@ def plan_deepspeed(
             "the hostfile, or use the ssh backend (the default), which takes IPv6 addresses",
         )
     port, notes = master_port(cluster, facts, options)
-    unset = sorted(k for k in launch_env if k.startswith(RUNNER_EXPORTS) and is_secret(k))
+    unset = sorted(
+        k for k, v in launch_env.items() if k.startswith(RUNNER_EXPORTS) and holds_secret(k, v)
+    )
     user = environment.user_env(launch_env, launch_cwd)
     table, first_rank, include = [], 0, []
     for node in cluster.nodes:
@@ -175,7 +187,7 @@ def plan_deepspeed(
     ds_env = {
         "TRAINFLEET_RUN_ID": options.run_id,
         "TRAINFLEET_RESTART": str(options.restart),
-        "TRAINFLEET_NODE_ENV": f"{node_dir}/node_env.json",
+        "TRAINFLEET_NODE_ENV": f"{node_dir}/{NODE_TABLE}",
         # DeepSpeed's launcher passes --local_rank itself; the shim passes it on.
         "TRAINFLEET_LOCAL_RANK_ARG": "never",
         # DeepSpeed's launcher gives a node's ranks one stdout: the shim prefixes each line
@@ -197,11 +209,9 @@ def plan_deepspeed(
         # One local node: the runner starts deepspeed.launcher.launch here, reading no env
         # file; its environment is what the ranks inherit.
         runner_env.update(ds_env)
-    argv = [
-        python,
-        "-u",
-        "-m",
-        "deepspeed.launcher.runner",
+    # Run in the launch directory (the runner has every node `cd` to its own), importing
+    # nothing from it (`trainfleet.node.isolated`).
+    runner = [
         "--hostfile",
         str((run_dir / "hostfile").resolve()),
         "--include",
@@ -224,7 +234,13 @@ def plan_deepspeed(
         node_table=table,
         node_dir=node_dir,
         ds_env="".join(f"{k}={v}\n" for k, v in ds_env.items()),
-        argv=argv,
+        argv=isolated.module_argv(
+            python,
+            "deepspeed.launcher.runner",
+            runner,
+            unbuffered=True,
+            version=sys.version_info if python == sys.executable else None,
+        ),
         env=runner_env,
         unset=unset,
         cwd=launch_cwd,
@@ -240,31 +256,54 @@ def render_deepspeed(plan: DeepSpeedPlan) -> str:
         f"on this machine, in {plan.cwd}:",
         f"  argv: {shlex.join(masked_argv(plan.argv))}",
         "  env:",
-        *(f"    {k}={shlex.quote(v)}" for k, v in sorted(plan.env.items())),
+        *(f"    {k}={shlex.quote(v)}" for k, v in sorted(masked(plan.env).items())),
         *(f"    (unset {k}: a secret; the nodes get it from the table)" for k in plan.unset),
         "  hostfile:",
         *(f"    {line}" for line in plan.hostfile.splitlines()),
         "  DS_ENV_FILE (exported on every node by the runner):",
         *(f"    {line}" for line in plan.ds_env.splitlines()),
     ]
-    for entry in plan.node_table:
+    for node_rank, entry in enumerate(plan.node_table):
         lines += [
             "",
             f"{entry.host}: ranks {entry.first_rank}-{entry.ranks()[-1]}; set by the shim "
-            f"({plan.node_dir}/node_env.json, 0600):",
+            f"({plan.node_dir}/{node_env_file(node_rank)}, 0600, on {entry.host} only):",
         ]
         lines += env_lines(masked(entry.env), entry.sources)
     return "\n".join(lines)
 
 
-def node_files_job(plan: DeepSpeedPlan) -> bytes:
-    """The shim and the node table into the run's private directory on a node
-    (`trainfleet.node.files.put_private`, which refuses a directory someone else made)."""
-    files = {
+def node_files(plan: DeepSpeedPlan, node_rank: int) -> dict[str, str]:
+    """What goes in the run's private directory on the node_rank-th node: the shim, the index
+    (the same on every node, no values) and that node's own variables. No node gets another
+    node's variables, whose per-node secrets (cluster.yaml's node `env:`) are not its to read.
+    Every file has its own name, so nodes that share the directory (one machine's /tmp, as the
+    sandbox's nodes do) do not overwrite each other's."""
+    index = [
+        {
+            "host": entry.host,
+            "first_rank": entry.first_rank,
+            "slots": entry.slots,
+            "env_file": node_env_file(entry_rank),
+        }
+        for entry_rank, entry in enumerate(plan.node_table)
+    ]
+    return {
         "shim.py": node_programs.source("shim"),
-        "node_env.json": json.dumps([dataclasses.asdict(e) for e in plan.node_table]),
+        NODE_TABLE: json.dumps(index),
+        node_env_file(node_rank): json.dumps(dataclasses.asdict(plan.node_table[node_rank])),
     }
-    return node_programs.line("files", "put_private", {"dir": plan.node_dir, "files": files})
+
+
+def node_files_jobs(plan: DeepSpeedPlan) -> dict[str, bytes]:
+    """Per node, its files into the run's private directory
+    (`trainfleet.node.files.put_private`, which refuses a directory someone else made)."""
+    return {
+        entry.host: node_programs.line(
+            "files", "put_private", {"dir": plan.node_dir, "files": node_files(plan, node_rank)}
+        )
+        for node_rank, entry in enumerate(plan.node_table)
+    }
 
 
 def remove_job(plan: DeepSpeedPlan) -> bytes:
@@ -327,12 +366,12 @@ class DeepSpeedBackend:
         return {entry.host: entry.env for entry in plan.node_table}
 
     def start(self, plan: DeepSpeedPlan, cluster: Cluster, run_dir: Path) -> list[Channel]:
-        """The runner's hostfile and env file here; the shim and the node table on every
-        node; then the runner."""
+        """The runner's hostfile and env file here; the shim and each node's own part of the
+        node table on every node; then the runner."""
         (run_dir / "hostfile").write_text(plan.hostfile)
         write_private(run_dir / "deepspeed_env", plan.ds_env)
         python = {n.host: node_programs.argv(n.python, "files") for n in cluster.nodes}
-        pushed = run_on_nodes(cluster.nodes, python, stdin=node_files_job(plan), timeout=60)
+        pushed = run_on_nodes(cluster.nodes, python, stdin=node_files_jobs(plan), timeout=60)
         failed = [r for r in pushed if not r.ok]
         if failed:
             raise TrainfleetError(

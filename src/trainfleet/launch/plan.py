@@ -12,7 +12,6 @@ interface and GPUs, trainfleet's own), and `--dry-run` shows which source set ea
 
 from __future__ import annotations
 
-import re
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -21,27 +20,12 @@ from typing import TYPE_CHECKING
 from trainfleet.cluster import Cluster, check_host
 from trainfleet.launch import environment
 from trainfleet.launch.environment import EnvBuilder
+from trainfleet.launch.masking import masked, masked_argv
+from trainfleet.node import isolated
 
 if TYPE_CHECKING:
     from trainfleet.launch.deepspeed import DeepSpeedPlan
 
-SECRET = re.compile(
-    r"TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIAL"
-    r"|(?:^|[_-])(?:KEY|KEYS|PAT|PASS|PWD|AUTH|COOKIE|SIGNATURE)(?:[_-]|$)",
-    re.IGNORECASE,
-)
-"""A variable or flag name whose value is secret (HF_TOKEN, AZURE_STORAGE_KEY, GITHUB_PAT,
---hub_token, ...)."""
-TOKEN_VALUE = re.compile(
-    r"\b(?:hf_[A-Za-z0-9]{20,}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_\w{20,}"
-    r"|sk-[A-Za-z0-9_-]{20,}|AKIA[0-9A-Z]{16}|xox[abprs]-[A-Za-z0-9-]{10,}"
-    r"|glpat-[A-Za-z0-9_-]{20,})"
-)
-"""Values that are tokens whatever they are called (Hugging Face, GitHub, OpenAI-style, AWS
-access key ids, Slack, GitLab)."""
-URL_PASSWORD = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^/\s:@]*:)[^/\s@]+(@)", re.IGNORECASE)
-"""The password in `scheme://user:password@host` (PIP_INDEX_URL, a git remote, a proxy)."""
-MASK = "***"
 PORT_RANGE = (29500, 29600)
 """Where a free master port is looked for when the requested one is taken."""
 
@@ -96,6 +80,8 @@ class LaunchFacts:
     interface: str | None = None
     gpus: int = 0
     listening: tuple[int, ...] = ()
+    python_version: tuple[int, int] | None = None
+    """(major, minor) of the node's python, where its probe said."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -132,51 +118,12 @@ class LaunchPlan:
         return sum(node.slots for node in self.nodes)
 
 
-def is_secret(name: str) -> bool:
-    return bool(SECRET.search(name))
-
-
-def mask_value(value: str) -> str:
-    """`value` with the credentials in it masked (a URL's password, known token shapes).
-
-    >>> mask_value("https://ci:s3cr3t@pypi.example/simple")
-    'https://ci:***@pypi.example/simple'
-    """
-    return TOKEN_VALUE.sub(MASK, URL_PASSWORD.sub(rf"\g<1>{MASK}\g<2>", value))
-
-
-def masked(env: Mapping[str, str]) -> dict[str, str]:
-    return {k: (MASK if is_secret(k) else mask_value(v)) for k, v in env.items()}
-
-
-def masked_argv(argv: list[str] | tuple[str, ...]) -> list[str]:
-    """A command line as it may be shown or written down: the value of a secret-named flag
-    (`--hub_token X`, `--hub_token=X`) and every credential-shaped value masked.
-
-    >>> masked_argv(["train.py", "--hub_token", "hf_abc", "--lr=1e-5", "--api-key=x"])
-    ['train.py', '--hub_token', '***', '--lr=1e-5', '--api-key=***']
-    """
-    shown: list[str] = []
-    secret_next = False
-    for word in argv:
-        if secret_next:
-            shown.append(MASK)
-            secret_next = False
-            continue
-        flag, eq, _ = word.partition("=")
-        if word.startswith("-") and is_secret(flag.lstrip("-")):
-            if eq:
-                shown.append(f"{flag}={MASK}")
-            else:
-                shown.append(word)
-                secret_next = True
-            continue
-        shown.append(mask_value(word))
-    return shown
-
-
 def choose_master_port(requested: int, listening: tuple[int, ...]) -> tuple[int, str | None]:
-    """`requested` if nothing listens on it on the master, else the first free port above it."""
+    """`requested` if nothing listens on it on the master, else the first free port above it.
+
+    >>> choose_master_port(29500, (29500, 29501))[0], choose_master_port(29500, ())
+    (29502, (29500, None))
+    """
     if requested not in listening:
         return requested, None
     for port in range(max(requested + 1, PORT_RANGE[0]), PORT_RANGE[1]):
@@ -242,13 +189,19 @@ def node_env(
 
 
 def torchrun_argv(
-    python: str, *, nnodes: int, node_rank: int, slots: int, addr: str, port: int, command
+    python: str,
+    *,
+    nnodes: int,
+    node_rank: int,
+    slots: int,
+    addr: str,
+    port: int,
+    command,
+    python_version: tuple[int, int] | None = None,
 ) -> list[str]:
-    return [
-        python,
-        "-u",  # torchrun's stdout is a pipe: unbuffered, or rank lines arrive minutes late
-        "-m",
-        "torch.distributed.run",
+    """`python -u -m torch.distributed.run ...`, the agent importing nothing from the working
+    directory (`trainfleet.node.isolated`); the ranks' script runs as Python runs it."""
+    torchrun = [
         f"--nnodes={nnodes}",
         f"--node-rank={node_rank}",
         f"--nproc-per-node={slots}",
@@ -259,6 +212,10 @@ def torchrun_argv(
         "{SHIM}",
         *command,
     ]
+    # -u: torchrun's stdout is a pipe: unbuffered, or rank lines arrive minutes late.
+    return isolated.module_argv(
+        python, "torch.distributed.run", torchrun, unbuffered=True, version=python_version
+    )
 
 
 def plan_launch(
@@ -276,7 +233,8 @@ def plan_launch(
     nodes = []
     first_rank = 0
     for node_rank, node in enumerate(cluster.nodes):
-        env, env_notes = node_env(cluster, node.host, facts.get(node.host, LaunchFacts()), user)
+        node_facts = facts.get(node.host, LaunchFacts())
+        env, env_notes = node_env(cluster, node.host, node_facts, user)
         notes += env_notes
         env.update(
             {
@@ -301,6 +259,7 @@ def plan_launch(
                     addr=master_addr,
                     port=port,
                     command=options.command,
+                    python_version=node_facts.python_version,
                 ),
                 env=env.values,
                 env_sources=env.sources,

@@ -23,8 +23,9 @@ TRAINFLEET_NO_PYTHON=1 makes every command such an executable. A first word foun
 the rank with 127, as a shell would, naming the node's PATH.
 
 Environment it reads: TRAINFLEET_RUN_ID (marks lines as this run's), TRAINFLEET_LOCAL_RANK_ARG
-(auto | always | never), TRAINFLEET_NODE_ENV (optional JSON file: per node rank, variables to
-set before the script runs; how the deepspeed backend gives each node its own environment),
+(auto | always | never), TRAINFLEET_NODE_ENV (optional JSON file: per node, its ranks and the
+file beside it with its variables to set before the script runs; how the deepspeed backend gives
+each node its own environment),
 TRAINFLEET_PREFIX_OUTPUT=1 (prefix every output line with `[defaultN]:`, N the local rank, as
 torchrun's --tee does; for DeepSpeed's launcher, which gives a node's ranks one stdout),
 TRAINFLEET_JIT_LOCK_REPORT_S (seconds between the lock-wait reports; default 60).
@@ -341,6 +342,9 @@ def run_executable(word, path, args):
 
 
 def node_env():
+    """This node's variables: the table TRAINFLEET_NODE_ENV names says which node's ranks hold
+    RANK and names that node's file beside it. A node is sent only its own file (no node reads
+    another's secrets); where nodes share the directory, each file still has its own name."""
     path = os.environ.get("TRAINFLEET_NODE_ENV")
     if not path:
         return {}
@@ -349,7 +353,8 @@ def node_env():
     rank = int(os.environ.get("RANK", "0"))
     for entry in table:
         if entry["first_rank"] <= rank < entry["first_rank"] + entry["slots"]:
-            return entry["env"]
+            with open(os.path.join(os.path.dirname(path), entry["env_file"])) as f:
+                return json.load(f)["env"]
     return {}
 
 
@@ -438,7 +443,8 @@ def main(argv):
     sys.argv = [target] + args
     try:
         if is_module:
-            sys.path[0] = os.getcwd()
+            if target.split(".")[0] != "trainfleet":  # as `python -m`; trainfleet's own
+                sys.path[0] = os.getcwd()  # workers run without it (node/isolated.py)
             runpy.run_module(target, run_name="__main__", alter_sys=True)
         else:
             sys.path[0] = os.path.dirname(os.path.abspath(target))
