@@ -23,12 +23,19 @@ checkpoint written so far, `train.checkpoints.tree_bytes`): each increase counts
 too. `beating(...)` sends such beats from a thread while a phase runs, so that a checkpoint
 save that takes longer than the hang timeout is not a hang while it is still writing, and is
 one once it writes nothing.
+
+The launcher reads a beat as data from a node (`read`): `step`, `total_steps`, `memory_bytes`
+whole numbers (0 to MAX_COUNT), `pid` a process id, `loss`, `tokens_per_s`, `busy_s` and
+`phase_progress` finite numbers, `phase` short printable text. A beat without a valid `step`
+is ignored; a field that is none of these is left out (a NaN loss too: status.json stays JSON),
+and the launcher says so once per node.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import sys
 import threading
@@ -120,8 +127,85 @@ def beating(
         thread.join()
 
 
+MAX_COUNT = 2**63 - 1
+"""The largest step, total_steps or memory_bytes the launcher reads (any JSON reader holds it)."""
+PID_MAX = 1 << 22
+"""Linux's PID_MAX_LIMIT: no process id is larger."""
+MAX_PHASE = 64
+"""The longest phase name the launcher reads."""
+
+
+def _count(value: Any, low: int = 0, high: int = MAX_COUNT) -> bool:
+    return type(value) is int and low <= value <= high
+
+
+def _number(value: Any) -> bool:
+    """A finite JSON number (not a bool; NaN and infinities are not finite, nor is an integer
+    too large for a float)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
+_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "pid": (lambda v: _count(v, 1, PID_MAX), f"a process id (1 to {PID_MAX})"),
+    "total_steps": (_count, "a whole number of steps"),
+    "memory_bytes": (_count, "a whole number of bytes"),
+    "loss": (_number, "a finite number"),
+    "tokens_per_s": (lambda v: _number(v) and v >= 0, "a finite number >= 0"),
+    "busy_s": (lambda v: _number(v) and v >= 0, "a finite number of seconds >= 0"),
+    "phase": (lambda v: isinstance(v, str) and 0 < len(v) <= MAX_PHASE and v.isprintable(),
+              f"printable text of 1 to {MAX_PHASE} characters"),
+    "phase_progress": (_number, "a finite number"),
+}  # fmt: skip
+"""What each field of `beat` must be, as the launcher reads it from a node."""
+
+
+def _shown(value: Any) -> str:
+    """A node's value in a note: repr escapes control characters; cut short."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def read(payload: str) -> tuple[dict[str, Any], list[str]]:
+    """A beat line's payload (after `beat:RANK:`), read as the launcher reads what a node
+    sends: (the fields that are what `beat` writes, what was wrong with the others, which are
+    left out). ValueError, saying why, when it is no beat at all: not a JSON object, or no
+    whole-number `step`. A null field is one not sent; an unknown field is left out without a
+    word (a newer trainfleet on a node may send more).
+
+    >>> read('{"step": 3, "loss": NaN, "phase": "saving", "pid": 7}')
+    ({'step': 3, 'pid': 7, 'phase': 'saving'}, ['`loss` is nan, not a finite number'])
+    >>> read('{"step": "3"}')
+    Traceback (most recent call last):
+    ValueError: `step` is '3', not a whole number of steps
+    """
+    try:
+        doc = json.loads(payload)
+    except (ValueError, RecursionError):  # (RecursionError: nested too deep to read)
+        raise ValueError("not JSON") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"a JSON {type(doc).__name__}, not an object")
+    if not _count(doc.get("step")):
+        raise ValueError(f"`step` is {_shown(doc.get('step'))}, not a whole number of steps")
+    fields: dict[str, Any] = {"step": doc["step"]}
+    problems = []
+    for name, (check, what) in _CHECKS.items():
+        value = doc.get(name)
+        if value is None:
+            continue
+        if check(value):
+            fields[name] = value
+        else:
+            problems.append(f"`{name}` is {_shown(value)}, not {what}")
+    return fields, problems
+
+
 def parse(payload: str) -> dict[str, Any] | None:
-    """The fields of a beat line's payload (after `beat:RANK:`); None when malformed.
+    """The fields of a beat line's payload that `read` accepts; None when it is no beat.
 
     >>> parse('{"step": 3, "loss": 0.5}')
     {'step': 3, 'loss': 0.5}
@@ -129,9 +213,6 @@ def parse(payload: str) -> dict[str, Any] | None:
     True
     """
     try:
-        fields = json.loads(payload)
+        return read(payload)[0]
     except ValueError:
         return None
-    if not isinstance(fields, dict) or not isinstance(fields.get("step"), int):
-        return None
-    return fields

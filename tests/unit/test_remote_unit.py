@@ -314,3 +314,28 @@ def test_the_ssh_control_directory_must_be_private(tmp_path, monkeypatch):
         with pytest.raises(RemoteError, match="not this user's private directory") as err:
             control_dir()
         assert "TRAINFLEET_CONTROL_DIR" in err.value.fix
+
+
+def test_a_32_mib_line_without_newline_is_cut_at_64_kib_with_a_note_and_the_rest_still_comes(
+    local,
+):
+    """F8: `exec` streams lines; a node that writes 32 MiB with no newline got them whole,
+    re-split for every 64 KiB read (quadratic time). Now the line is cut at the cap, the rest
+    counted and dropped, and the note says how many bytes; the whole output is still kept."""
+    seen = []
+    write = "import sys; sys.stdout.write('x' * (32 << 20) + '\\nafter\\n')"
+    (result,) = run_on_nodes(
+        local,
+        [sys.executable, "-c", write],
+        on_line=lambda node, stream, line: seen.append((node, stream, line)),
+    )
+    cap = 64 * 1024
+    assert [line for _, _, line in seen][0] == "x" * cap
+    assert seen[1] == (
+        "localhost",
+        "stdout",
+        f"trainfleet: {(32 << 20) - cap} more bytes of that line were dropped"
+        f" (a line is cut at {cap} bytes)",
+    )
+    assert seen[2:] == [("localhost", "stdout", "after")]
+    assert len(result.stdout) == (32 << 20) + len("\nafter\n")  # the result keeps it all

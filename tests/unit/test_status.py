@@ -376,3 +376,34 @@ def test_help_and_a_bad_interval(capsys):
     assert out.startswith("usage: trainfleet status") and "Exit code: 0 when" in out
     assert main(["status", "--follow", "--interval", "0"]) == 1
     assert "--interval 0.0: must be > 0" in capsys.readouterr().err
+
+
+def _with_escapes() -> dict:
+    """The hung run, where what nodes said holds escape sequences (F9): a rank's phase, where a
+    hung rank waits, the op of the collective it is stuck in."""
+    doc = recorded("hung")
+    doc["ranks"][0]["phase"] = "saving\x1b[2K\r\x1b[32mall ranks healthy\x1b[2J"
+    doc["hang"]["behind"][0]["where"] = "wait\x1b]0;pwned\x07 (x.py:1)"
+    doc["hang"]["collectives"][0]["op"] = "all_reduce\x1b[2J"
+    return doc
+
+
+def test_the_human_view_shows_what_nodes_said_as_text_never_as_escape_sequences(tmp_path, capsys):
+    write_run(tmp_path, _with_escapes())
+    assert main(["status", str(tmp_path)]) == 1  # hung
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\r" not in out and "\x07" not in out
+    assert "saving?[2K??[32mall ranks healthy?[2J" in out  # the phase, as text
+    assert "behind: rank 2 (gpu-node-2): wait?]0;pwned? (x.py:1)" in out
+    assert "stuck in all_reduce?[2J #4977" in out
+
+
+def test_status_json_keeps_what_nodes_said_with_control_characters_escaped(tmp_path, capsys):
+    doc = _with_escapes()
+    write_run(tmp_path, doc)
+    main(["status", str(tmp_path), "--json"])
+    out = capsys.readouterr().out
+    assert not any(ord(c) < 0x20 for c in out.rstrip("\n"))  # JSON's \u001b, not ESC
+    data = json.loads(out)
+    assert data["ranks"][0]["phase"] == doc["ranks"][0]["phase"]  # the text, kept whole
+    assert data["hang"]["behind"][0]["where"] == doc["hang"]["behind"][0]["where"]

@@ -3,6 +3,12 @@ logged per rank (RUN_DIR/logs); the rank shim's marks taken out of it for the jo
 (`Joins`) and the exit codes, heartbeats for RUN_DIR/status.json (`launch/progress.py`), and
 every other line fed to the root-cause tracker (`launch/rootcause.py`).
 
+What a node sends is data: a line is cut at LINE_CAP bytes (`remote/lines.py`); a mark counts
+only for a rank of the node it came from, and a heartbeat only with the fields
+`heartbeat.read` accepts. Anything else is a note, the first one per node on the terminal
+and every one in logs/launch.log, and reading goes on: a node whose output is not read would
+block in its next write.
+
     >>> joins = Joins(world_size=2)
     >>> joins.mark("started", 0, now=0.0); joins.mark("started", 1, now=0.0)
     >>> joins.mark("entered", 0, now=1.0); joins.mark("joined", 0, now=1.5)
@@ -15,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
@@ -23,19 +30,35 @@ from trainfleet import heartbeat
 from trainfleet.launch.progress import Progress
 from trainfleet.launch.rootcause import ErrorTracker
 from trainfleet.node import shim
+from trainfleet.remote.lines import LINE_CAP, READ_CHUNK, CappedLines, Line
+from trainfleet.untrusted import printable
 
 if TYPE_CHECKING:
     from trainfleet.launch.backend import Channel, Plan
 
-_TORCHRUN_PREFIX = re.compile(r"^\[default(\d+)\]:(.*)$", re.DOTALL)
+_TORCHRUN_PREFIX = re.compile(r"^\[default([0-9]{1,9})\]:(.*)$", re.DOTALL)
 _TORCH_RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")
 """torch prefixes the lines of a rank's uncaught exception with `[rankN]: `."""
 
 
+_RANK = re.compile(r"[0-9]{1,9}")
+_EXIT_CODE = re.compile(r"-?[0-9]{1,10}")
+"""ASCII digits only: `str.isdigit()` is true for `²`, which `int()` refuses."""
+
+
 def _exit_code(event: str) -> int | None:
-    """N of the shim's `exit=N` mark (None: another mark, or a garbled one)."""
+    """N of the shim's `exit=N` mark (None: another mark, or a garbled one).
+
+    >>> _exit_code("exit=-9"), _exit_code("exit=²"), _exit_code("joined")
+    (-9, None, None)
+    """
     code = event[5:] if event.startswith("exit=") else ""
-    return int(code) if code.lstrip("-").isdigit() else None
+    return int(code) if _EXIT_CODE.fullmatch(code) else None
+
+
+def _shown(text: str) -> str:
+    """A node's words in a note: printable, and short."""
+    return printable(text if len(text) <= 40 else text[:37] + "...")
 
 
 @dataclass(slots=True)
@@ -96,6 +119,8 @@ class MergedOutput:
         )
         self.progress.hang_timeout_s = plan.options.hang_timeout
         self.progress.startup_timeout_s = plan.options.startup_timeout
+        self.warned: dict[tuple[str, str], int] = {}
+        """(node, kind) -> how many notes `warn` had about what that node sent."""
         self.quiet = False
         """Once the launcher stops the run: lines go to the logs only (torchrun's shutdown
         tracebacks would bury the cause)."""
@@ -105,7 +130,8 @@ class MergedOutput:
             self.logs[name] = open(self.log_dir / f"{name}.log", "a", encoding="utf-8")
         return self.logs[name]
 
-    def line(self, channel: Channel, stream: str, text: str) -> None:
+    def line(self, channel: Channel, stream: str, text: str, *, dropped: int = 0) -> None:
+        """One line of `channel`'s `stream`; `dropped`: the bytes cut off its end."""
         now = time.monotonic()
         node, rank = channel.name, None
         said = channel.split(text)
@@ -115,8 +141,9 @@ class MergedOutput:
             node, text = said.node, said.text
         match = _TORCHRUN_PREFIX.match(text)
         if match and node in self.ranges:
-            rank = self.ranges[node].start + int(match.group(1))
-            text = match.group(2)
+            local = self.ranges[node].start + int(match.group(1))
+            if local in self.ranges[node]:
+                rank, text = local, match.group(2)
         at = text.find(self.mark)
         if at > 0:
             # A progress bar ends its updates with "\r", not "\n" (tqdm): a mark written
@@ -125,19 +152,50 @@ class MergedOutput:
                 self._plain(now, node, rank, stream, text[:at])
             text = text[at:]
         if text.startswith(self.mark):
-            event, _, who = text[len(self.mark) :].partition(":")
-            if event == "beat":
-                who, _, payload = who.partition(":")
-                fields = heartbeat.parse(payload)
-                if who.isdigit() and fields:
-                    self.progress.beat(int(who), fields, now=time.time())
-                return
-            if who.isdigit():
-                self.joins.mark(event, int(who), now)
-                if (code := _exit_code(event)) is not None:
-                    self.tracker.note_exit(now, node, int(who), code)
+            self._mark(node, text[len(self.mark) :], now)
+        else:
+            self._plain(now, node, rank, stream, text)
+        if dropped:
+            self.warn(node, "long", f"{node}: {dropped} bytes of a line on its {stream} dropped "
+                                    f"(a line is cut at {LINE_CAP} bytes)")  # fmt: skip
+
+    def _mark(self, node: str, said: str, now: float) -> None:
+        """The shim's `EVENT:RANK` or a heartbeat's `beat:RANK:FIELDS`, from `node`: it speaks
+        only for its own ranks (a channel that is no node, DeepSpeed's runner, is this
+        machine: pdsh puts its node before every line of a node's)."""
+        event, _, who = said.partition(":")
+        if event == "pid":  # the node's bootstrap naming its own pid (node/bootstrap.py)
             return
-        self._plain(now, node, rank, stream, text)
+        payload = None
+        if event == "beat":
+            who, _, payload = who.partition(":")
+        ranks = self.ranges.get(node, range(self.plan.world_size))
+        rank = int(who) if _RANK.fullmatch(who) else None
+        if rank is None or rank not in ranks:
+            span = f"{ranks.start}-{ranks.stop - 1}" if ranks else "none"
+            self.warn(node, "mark", f"{node}: a mark for rank {_shown(who)}, not one of its "
+                                    f"ranks ({span}): ignored")  # fmt: skip
+            return
+        if payload is not None:
+            try:
+                fields, problems = heartbeat.read(payload)
+            except ValueError as exc:
+                self.warn(node, "mark", f"{node}: rank {rank}'s heartbeat is no beat ({exc}): "
+                                        "ignored")  # fmt: skip
+                return
+            for problem in problems:
+                self.warn(node, "mark", f"{node}: rank {rank}'s heartbeat: {printable(problem)}"
+                                        ": that field left out")  # fmt: skip
+            self.progress.beat(rank, fields, now=time.time())
+            return
+        code = _exit_code(event)
+        if event.startswith("exit=") and code is None:
+            self.warn(node, "mark", f"{node}: rank {rank}'s exit mark {_shown(event)} has no "
+                                    "exit code: ignored")  # fmt: skip
+            return
+        self.joins.mark(event, rank, now)
+        if code is not None:
+            self.tracker.note_exit(now, node, rank, code)
 
     def _plain(self, now: float, node: str, rank: int | None, stream: str, text: str) -> None:
         """A line of the job's own output: the root-cause tracker, the terminal, the log."""
@@ -155,19 +213,42 @@ class MergedOutput:
         self.out.flush()
         self._log("launch").write(f"{time.monotonic() - self.started:10.3f} {text}\n")
 
+    def warn(self, node: str, kind: str, text: str) -> None:
+        """A note about what `node` sent: the first of each `kind` per node on the terminal
+        too, every one in logs/launch.log (a node's flood of bad lines is no flood here)."""
+        seen = self.warned.get((node, kind), 0)
+        self.warned[(node, kind)] = seen + 1
+        if seen:
+            self._log("launch").write(f"{time.monotonic() - self.started:10.3f} {text}\n")
+        else:
+            self.note(f"{text} (more like it from {node}: {self.log_dir / 'launch.log'})")
+
+    def unreadable(self, node: str, stream: str) -> None:
+        """Reading a line raised (a bug): said, its traceback logged; reading goes on."""
+        self.warn(node, "error", f"{node}: a line of its {stream} could not be read (a "
+                                 "trainfleet bug: please report it)")  # fmt: skip
+        self._log("launch").write(traceback.format_exc())
+
     def close(self) -> None:
         for log in self.logs.values():
             log.close()
 
 
 async def pump(
-    stream: asyncio.StreamReader, node: Channel, name: str, output: MergedOutput
+    stream: asyncio.StreamReader, channel: Channel, name: str, output: MergedOutput
 ) -> None:
-    pending = b""
-    while chunk := await stream.read(1 << 16):
-        pending += chunk
-        *lines, pending = pending.split(b"\n")
-        for raw in lines:
-            output.line(node, name, raw.decode("utf-8", errors="replace"))
-    if pending:
-        output.line(node, name, pending.decode("utf-8", errors="replace"))
+    """Read `channel`'s `name` stream to its end into `output`, each line cut at LINE_CAP
+    bytes; what goes wrong with one line costs that line only."""
+    lines = CappedLines()
+    while chunk := await stream.read(READ_CHUNK):
+        for line in lines.feed(chunk):
+            _take(output, channel, name, line)
+    for line in lines.end():
+        _take(output, channel, name, line)
+
+
+def _take(output: MergedOutput, channel: Channel, name: str, line: Line) -> None:
+    try:
+        output.line(channel, name, line.text(), dropped=line.dropped)
+    except Exception:  # a bug: said and logged, and the node's output is still read
+        output.unreadable(channel.name, name)

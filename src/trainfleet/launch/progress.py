@@ -85,6 +85,9 @@ class Progress:
         self.launcher = {"host": socket.gethostname(), "pid": pid, "pid_start": pid_start(pid)}
 
     def beat(self, rank: int, fields: dict[str, Any], *, now: float) -> None:
+        """Rank `rank`'s heartbeat. `fields` are as `heartbeat.read` gives them (each of the
+        type `beat` writes: what a node sent is checked there, and its rank against the node's
+        own ranks in `launch/output.py`); a rank not in the run changes nothing."""
         row = self.rows.get(rank)
         if row is None:
             return

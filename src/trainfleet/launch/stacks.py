@@ -27,7 +27,8 @@ Thread 4242 (idle): "MainThread"
     barrier (deepspeed/comm/torch.py:402)
 """
 
-_RANK_HEADER = re.compile(r"^@@rank (\d+) pid (\d+)$", re.M)
+_RANK_HEADER = re.compile(r"^@@rank ([0-9]{1,9}) pid ([0-9]{1,10})$", re.M)
+"""ASCII digits, bounded: the node writes it (`int()` of 5,000 digits raises)."""
 _MAIN_THREAD = re.compile(r'^Thread \d+ \(\w+\): "MainThread"\n\s+(.+)$', re.M)
 _ANY_THREAD = re.compile(r"^Thread \d+ \(\w+\).*\n\s+(.+)$", re.M)
 
@@ -56,7 +57,7 @@ def take_flight_record(dump: str) -> tuple[dict[str, Any] | None, str]:
     rest = dump[: found.start()] + dump[found.end() :]
     try:
         record = json.loads(found.group(1))
-    except ValueError:
+    except (ValueError, RecursionError):  # (RecursionError: nested too deep to read)
         return None, rest
     return (record if isinstance(record, dict) else None), rest
 

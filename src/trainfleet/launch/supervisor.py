@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import os
 import signal
 import sys
@@ -39,6 +40,7 @@ from trainfleet.launch.backend import Channel, Plan
 from trainfleet.launch.output import MergedOutput, pump
 from trainfleet.launch.rootcause import RankError
 from trainfleet.status import rules as status_rules
+from trainfleet.untrusted import printable
 
 CUT_OFF_AFTER_S = 5
 """After a node's grace period: how long before its ssh is killed."""
@@ -155,11 +157,20 @@ class _Run:
             self.procs[channel.name] = proc
             self.channels[channel.name] = channel
             self.codes[channel.name] = None
-            self.pumps += [
-                asyncio.ensure_future(pump(proc.stdout, channel, "stdout", self.output)),
-                asyncio.ensure_future(pump(proc.stderr, channel, "stderr", self.output)),
-            ]
+            for name, stream in (("stdout", proc.stdout), ("stderr", proc.stderr)):
+                task = asyncio.ensure_future(pump(stream, channel, name, self.output))
+                task.add_done_callback(functools.partial(self._pump_ended, channel.name, name))
+                self.pumps.append(task)
         self.state = RunState.RUNNING
+
+    def _pump_ended(self, node: str, stream: str, task: asyncio.Task) -> None:
+        """A pump ends with its stream; one that raised (a bug: a line's errors are caught in
+        it) is said at once, not lost in a task nobody awaits."""
+        if not task.cancelled() and task.exception() is not None:
+            self.output.note(
+                f"reading {node}'s {stream} stopped ({printable(repr(task.exception()))}): a"
+                " trainfleet bug, please report it; that node's ranks may block writing output"
+            )
 
     def _failed(self, where: str, code: int) -> None:
         self.state = RunState.FAILED
@@ -319,7 +330,8 @@ class _Run:
         for node, text in texts.items():
             dumps[node] = {}
             for rank, part in stacks.split_dump(text).items():
-                records[rank], dumps[node][rank] = stacks.take_flight_record(part)
+                if rank in progress.nodes.get(node, ()):  # a node speaks for its own ranks
+                    records[rank], dumps[node][rank] = stacks.take_flight_record(part)
             stacks.write_dumps(self.run_dir, node, dumps[node])
         stacks.write_flight_records(self.run_dir, progress.rows, records)
         behind = []
@@ -334,15 +346,18 @@ class _Run:
         progress.hang = {**(progress.hang or {}), "step": lowest, "behind": behind,
                          "stacks": str(self.run_dir / "stacks"), "collectives": stuck,
                          "flight_records": sorted(r for r, v in records.items() if v)}  # fmt: skip
+        # What a rank's stack and Flight Recorder say is the node's text: printable here,
+        # kept as it came in status.json (whose JSON escapes control characters).
         for entry in behind:
             self.output.note(
-                f"behind at step {lowest}: {entry['node']} rank {entry['rank']}: {entry['where']}"
+                f"behind at step {lowest}: {entry['node']} rank {entry['rank']}: "
+                + printable(entry["where"])
             )
         nodes = {rank: row["node"] for rank, row in progress.rows.items()}
         for found in stuck:
-            self.output.note(f"stuck in {collectives.describe(found, nodes)}")
+            self.output.note(f"stuck in {printable(collectives.describe(found, nodes))}")
         if not stuck:
-            self.output.note(collectives.none_stuck(records, nodes))
+            self.output.note(printable(collectives.none_stuck(records, nodes)))
 
     async def stop(self) -> None:
         """Close every bootstrap's stdin (it stops its node's job), SIGINT DeepSpeed's runner

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from trainfleet.cluster import Node
 from trainfleet.errors import RemoteError
 from trainfleet.remote.failures import Failure, NodeResult, classify
+from trainfleet.remote.lines import LINE_CAP, READ_CHUNK, CappedLines, Line
 from trainfleet.remote.ssh import node_argv
 
 _DRAIN_AFTER_EXIT_S = 2.0
@@ -24,10 +25,9 @@ _DRAIN_AFTER_EXIT_S = 2.0
 
 
 LineCallback = Callable[[str, str, str], None]
-"""on_line(node, stream, line): stream is 'stdout' or 'stderr'; line has no trailing newline."""
-
-
-_READ_CHUNK = 1 << 16
+"""on_line(node, stream, line): stream is 'stdout' or 'stderr'; line has no trailing newline.
+A line longer than LINE_CAP bytes comes cut at the cap, followed on the same stream by
+trainfleet's note of how many bytes of it were dropped (`remote/lines.py`)."""
 
 
 async def _pump(
@@ -37,17 +37,24 @@ async def _pump(
     name: str,
     on_line: LineCallback | None,
 ) -> None:
-    """Read a stream to EOF in chunks (no line-length limit); hand complete lines to on_line."""
-    pending = b""
-    while chunk := await stream.read(_READ_CHUNK):
+    """Read a stream to EOF in chunks, all of it into `sink`; hand its lines to on_line, each
+    cut at LINE_CAP bytes (`remote/lines.py`)."""
+    lines = CappedLines()
+    while chunk := await stream.read(READ_CHUNK):
         sink += chunk
         if on_line is not None:
-            pending += chunk
-            *lines, pending = pending.split(b"\n")
-            for raw in lines:
-                on_line(node, name, raw.decode("utf-8", errors="replace"))
-    if on_line is not None and pending:
-        on_line(node, name, pending.decode("utf-8", errors="replace"))
+            for line in lines.feed(chunk):
+                _hand_over(line, node, name, on_line)
+    if on_line is not None:
+        for line in lines.end():
+            _hand_over(line, node, name, on_line)
+
+
+def _hand_over(line: Line, node: str, name: str, on_line: LineCallback) -> None:
+    on_line(node, name, line.text())
+    if line.dropped:
+        dropped = f"{line.dropped} more bytes of that line were dropped"
+        on_line(node, name, f"trainfleet: {dropped} (a line is cut at {LINE_CAP} bytes)")
 
 
 def _kill_group(proc: asyncio.subprocess.Process) -> None:

@@ -8,6 +8,10 @@ what this renders from.
 
 One row per rank, grouped by node; above MAX_RANK_ROWS ranks, one row per node and then the
 flagged ranks' rows. Notes (stragglers, silent ranks, what cannot be judged) come last.
+
+Much of it is what nodes said (a rank's phase, where a hung rank waits, a collective's name):
+every line goes out through `untrusted.printable`, so that a control character reaches the
+terminal as `?`, never as a command to it (`--json` keeps the text: JSON escapes it).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import Any
 
 from trainfleet.heartbeat import STEPPING_PHASES
 from trainfleet.status.view import fold_ranks
+from trainfleet.untrusted import printable
 
 MAX_RANK_ROWS = 16
 _RANK_HEAD = ("node", "rank", "step", "last beat", "tokens/s", "memory", "busy", "ETA", "loss")
@@ -203,4 +208,4 @@ def render(data: dict[str, Any]) -> str:
             lines += ["", "flagged ranks:", *_table(_RANK_HEAD, _rank_rows(flagged))]
     if data["notes"]:
         lines += ["", *data["notes"]]
-    return "\n".join(lines)
+    return "\n".join(map(printable, lines))
