@@ -166,6 +166,20 @@ def test_render(tmp_path):
     assert "gpu-node-1: ens14f0 (10.213.207.0/24)" in text
 
 
+def test_a_nodes_text_reaches_the_terminal_as_text_and_json_keeps_it_escaped(tmp_path):
+    """A node's torch import error set the terminal's title and cleared the screen when doctor
+    printed it (review F9)."""
+    survey = _unreachable(tmp_path)
+    sheets = sheets_of(survey)
+    sheets[N1]["imports"] = {"torch_error": "ImportError: \x1b]0;owned\x07\x1b[2J\x9b31m ok\r"}
+    report = _report(reparsed(survey, sheets))
+    text = render(report)
+    assert "ImportError: ?]0;owned??[2J?31m ok?" in text
+    assert not any(c in text for c in "\x1b\x07\x9b\r")
+    doc = json.dumps(report.to_json())
+    assert "\\u001b]0;owned\\u0007\\u001b[2J\\u009b31m ok\\r" in doc  # the text, escaped
+
+
 def test_render_folds_node_names(tmp_path):
     survey = make_survey(tmp_path)
     sheets = sheets_of(survey)

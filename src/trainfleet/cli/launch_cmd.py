@@ -22,6 +22,7 @@ from trainfleet.cli.common import (
 )
 from trainfleet.errors import TrainfleetError
 from trainfleet.launch.plan import Backend
+from trainfleet.untrusted import printable_lines
 
 HELP = "start a training script on every node (torchrun over ssh), fail fast, explain hangs"
 DESCRIPTION = """\
@@ -223,7 +224,7 @@ def render_outcome(result, plan) -> str:
         lines.append(f"after {len(result.restarts)} restart(s):")
         lines += [f"  {r['attempt']}. {r['cause']}" for r in result.restarts]
     lines.append(f"exit code {result.exit_code}; logs: {logs}")
-    return "\n".join(lines)
+    return printable_lines("\n".join(lines))  # it quotes ranks, py-spy and nodes
 
 
 def run(args: argparse.Namespace) -> int:
@@ -249,7 +250,7 @@ def run(args: argparse.Namespace) -> int:
 
     def print_notes(plan, _report) -> None:
         for note in plan.notes:
-            print(f"trainfleet: {note}", file=sys.stderr)
+            print(printable_lines(f"trainfleet: {note}"), file=sys.stderr)
 
     try:
         if args.dry_run:

@@ -31,6 +31,7 @@ from trainfleet.cli import (
     train_cmd,
 )
 from trainfleet.errors import TrainfleetError
+from trainfleet.untrusted import printable_lines
 
 COMMANDS: dict[str, ModuleType] = {
     "commtest": commtest_cmd,
@@ -75,7 +76,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.run(args)
     except TrainfleetError as exc:
         message = f"trainfleet: {exc.what}"
-        print(f"{message}: {exc.fix}" if exc.fix else message, file=sys.stderr)
+        message = f"{message}: {exc.fix}" if exc.fix else message
+        print(printable_lines(message), file=sys.stderr)  # it may quote a node's stderr
         return 1
     except KeyboardInterrupt:
         print("trainfleet: interrupted", file=sys.stderr)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from trainfleet.doctor import DoctorReport
 from trainfleet.doctor.findings import Finding, Severity
 from trainfleet.nodeset import fold_groups, fold_names
+from trainfleet.untrusted import printable_lines
 
 _LABEL = {Severity.ERROR: "ERROR", Severity.WARNING: "WARNING", Severity.INFO: "info"}
 
@@ -22,13 +23,14 @@ def _counts(report: DoctorReport) -> str:
 
 
 def finding_lines(finding: Finding, indent: str = "", max_evidence: int | None = None) -> list[str]:
-    """One finding as the reports show it: label, id, folded nodes; evidence; fix."""
+    """One finding as the reports show it: label, id, folded nodes; evidence; fix. Evidence
+    quotes nodes (a torch import error, a path): control characters are shown as `?`."""
     where = fold_names(finding.nodes) if finding.nodes else "this machine"
     lines = [f"{indent}{_LABEL[finding.severity]:7} {finding.id}  [{where}]"]
     lines += [f"{indent}  {line}" for line in finding.evidence[:max_evidence]]
     if finding.fix:
         lines.append(f"{indent}  fix: {finding.fix}")
-    return lines
+    return [printable_lines(line) for line in lines]
 
 
 def render(report: DoctorReport) -> str:
@@ -58,4 +60,4 @@ def render(report: DoctorReport) -> str:
         )
     for names, text in fold_groups(rows):
         lines.append(f"  {names}: {text}")
-    return "\n".join(lines)
+    return printable_lines("\n".join(lines))

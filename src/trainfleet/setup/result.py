@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from trainfleet.doctor.findings import Finding, Severity
+from trainfleet.untrusted import printable_lines
 
 THIS_MACHINE = "this machine"
 """The launch machine, in changes and messages."""
@@ -128,4 +129,4 @@ def render(result: SetupResult) -> str:
             lines.append(f"doctor ({checks}): {len(shown)} problem(s):")
             for finding in shown:
                 lines += finding_lines(finding, indent="  ", max_evidence=8)
-    return "\n".join(lines)
+    return printable_lines("\n".join(lines))  # paths and notes quote the nodes
