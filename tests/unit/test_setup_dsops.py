@@ -5,19 +5,23 @@ real nodes: tests/cluster/test_setup.py)."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
 
+from trainfleet import node as node_programs
 from trainfleet.cluster import load_cluster
 from trainfleet.errors import SetupError
 from trainfleet.node import dsops as node_dsops
-from trainfleet.setup import dsops
+from trainfleet.setup import dsops, transfer
 from trainfleet.setup.dsops import Built, OpsState, parse_build, parse_state
 from trainfleet.setup.result import SetupResult
 
@@ -98,7 +102,9 @@ def test_ninja_decides_whether_a_build_and_a_copy_of_it_are_current(tmp_path):
     copy.mkdir()
     packed = subprocess.run(dsops.tar_create_argv(str(built.parent), ["op"]),
                             capture_output=True, check=True).stdout  # fmt: skip
-    subprocess.run(["tar", "-C", str(copy), "-xf", "-"], input=packed, check=True)
+    # unpacked as setup unpacks another node's files (no owners, no special bits)
+    subprocess.run(["tar", *transfer.FOREIGN, "-C", str(copy), "-xf", "-"], input=packed,
+                   check=True)  # fmt: skip
     assert node_dsops.op_state(str(copy / "op"), str(target), NINJA) == "current"
     # a source newer than the build: ninja would build, so it is not current
     os.utime(source, (source.stat().st_atime + 100, source.stat().st_mtime + 100))
@@ -134,7 +140,7 @@ class _Nodes:
         self.states[node.host] = ["current"] * len(ops)
         return self.builds[node.host]
 
-    def copy(self, source, source_root, node, root, ops):
+    def copy(self, source, source_root, node, root, ops, argv_for=None):
         self.calls.append(("copy", source.host, node.host, tuple(ops)))
         return ""
 
@@ -169,12 +175,26 @@ def test_ops_are_built_on_one_node_and_copied_to_the_others(monkeypatch):
     ]
 
 
-def test_a_node_that_has_them_is_the_source_and_a_failed_build_names_node_and_op(monkeypatch):
+def test_a_node_reporting_its_ops_current_is_never_the_source_and_a_failed_build_says_so(
+    monkeypatch,
+):
+    """F10: n1 says its ops are current; the source is n2, the node this run builds on, and
+    n1's build directories go nowhere."""
+    ok = [Built(op="fused_adam", result="built", seconds=60), Built(op="shm", result="built")]
     same = [Built(op="fused_adam", result="current"), Built(op="shm", result="current")]
+    nodes = _Nodes({"n1": ["current"] * 2, "n2": ["stale", "missing"], "n3": ["missing"] * 2},
+                   {"n2": ok, "n3": same})  # fmt: skip
+    result = _prepare(monkeypatch, nodes, "n1,n2,n3")
+    both = ("fused_adam", "shm")
+    assert nodes.calls == [("build", "n2"), ("copy", "n2", "n3", both), ("build", "n3")]
+    assert [(c.node, c.what) for c in result.changes] == [
+        ("n2", "built DeepSpeed ops fused_adam (60 s), shm (0 s)"),
+        ("n3", "DeepSpeed ops fused_adam, shm: copied from n2"),
+    ]
     nodes = _Nodes({"n1": ["stale", "current"], "n2": ["current"] * 2}, {"n1": same})
     result = _prepare(monkeypatch, nodes, "n1,n2")
-    assert nodes.calls == [("copy", "n2", "n1", ("fused_adam", "shm")), ("build", "n1")]
-    assert [c.what for c in result.changes] == ["DeepSpeed ops fused_adam, shm: copied from n2"]
+    assert nodes.calls == [("build", "n1")]  # its own build: ninja finds what is current
+    assert [c.what for c in result.changes] == ["built DeepSpeed ops fused_adam, shm"]
 
     nodes = _Nodes({"n1": ["current"] * 2}, {})
     assert _prepare(monkeypatch, nodes, "n1").changes == [] and nodes.calls == []
@@ -210,3 +230,107 @@ def test_a_build_job_that_dies_is_reported_with_its_last_words():
         Built(op="fused_adam", result="built", seconds=3.0),
         Built(op="shm", result="failed", error="ModuleNotFoundError: No module named deepspeed"),
     ]
+
+
+def _copy_between_two_local_nodes(monkeypatch, tmp_path: Path) -> tuple[Path, Path]:
+    """`prepare` over two nodes of this machine (`localhost` builds, `127.0.0.1` gets the copy)
+    with the real copy: tar, the staged unpacking, `take_staged`; the builds are stubbed.
+    -> (the source's extensions directory, the receiver's)."""
+    roots = {"localhost": tmp_path / "src", "127.0.0.1": tmp_path / "dst"}
+    for root in roots.values():
+        root.mkdir(exist_ok=True)
+
+    def survey(cluster, hosts, argv_for, target, ops, envs):
+        return {h: OpsState(root=str(roots[h]), ops=dict.fromkeys(ops, "missing")) for h in hosts}
+
+    def build(node, argv_for, target, ops, env):
+        result = "built" if node.host == "localhost" else "current"
+        return [Built(op=op, result=result) for op in ops]
+
+    monkeypatch.setattr(dsops, "survey", survey)
+    monkeypatch.setattr(dsops, "_build", build)
+    cluster = load_cluster(hosts="localhost,127.0.0.1")
+    dsops.prepare(cluster, argv_for=lambda program: node_programs.argv(sys.executable, program),
+                  target="/v", ops=("fused_adam",), envs={n.host: {} for n in cluster.nodes},
+                  result=SetupResult(step="pyenv"), say=lambda text: None)  # fmt: skip
+    return roots["localhost"], roots["127.0.0.1"]
+
+
+def test_a_copied_op_lands_without_owners_or_setuid_setgid_sticky_bits(monkeypatch, tmp_path):
+    """F10: the source's files keep their times (ninja compares them) and lose their owner
+    and special bits, also when root unpacks them (as on the sandbox and in CI)."""
+    op = tmp_path / "src" / "fused_adam"
+    (op / "sub").mkdir(parents=True)
+    (op / "build.ninja").write_text("rule link\n")
+    so = op / "fused_adam.so"
+    so.write_bytes(b"\x7fELF")
+    if os.geteuid() == 0:
+        os.chown(so, 4242, 4242)
+    so.chmod(0o4755)
+    (op / "sub").chmod(0o3777)
+    os.utime(so, ns=(1_700_000_000_123_456_789, 1_700_000_000_123_456_789))
+    old = tmp_path / "dst" / "fused_adam"
+    old.mkdir(parents=True)
+    (old / "stale.o").write_text("from an older build")
+
+    _, dst = _copy_between_two_local_nodes(monkeypatch, tmp_path)
+    copied = dst / "fused_adam" / "fused_adam.so"
+    assert copied.read_bytes() == b"\x7fELF"
+    assert stat.S_IMODE(copied.stat().st_mode) & 0o7000 == 0
+    assert stat.S_IMODE((dst / "fused_adam" / "sub").stat().st_mode) & 0o7000 == 0
+    assert copied.stat().st_uid == os.geteuid()
+    assert copied.stat().st_mtime_ns == 1_700_000_000_123_456_789
+    assert not (dst / "fused_adam" / "stale.o").exists()  # the copy replaced the directory
+    assert sorted(p.name for p in dst.iterdir()) == ["fused_adam"]  # no stage left
+
+
+def _hostile_archive(path: Path) -> None:
+    """What a hostile source could send: a build directory with a symlink out of it and a fifo."""
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
+        for name, kind, extra in (
+            ("fused_adam", tarfile.DIRTYPE, {}),
+            ("fused_adam/fused_adam.so", tarfile.REGTYPE, {}),
+            ("fused_adam/evil", tarfile.SYMTYPE, {"linkname": "/etc/passwd"}),
+            ("fused_adam/pipe", tarfile.FIFOTYPE, {}),
+        ):
+            info = tarfile.TarInfo(name)
+            info.type, info.mode = kind, 0o755
+            for key, value in extra.items():
+                setattr(info, key, value)
+            data = b"\x7fELF" if kind == tarfile.REGTYPE else b""
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+def test_a_copy_holding_a_symlink_or_a_fifo_is_refused_whole(monkeypatch, tmp_path):
+    """F10: a symlink (here to /etc/passwd) or a fifo is never part of a build directory: the
+    receiving node takes none of the copy, and the error names the source and the entries."""
+    archive = tmp_path / "hostile.tar"
+    _hostile_archive(archive)
+    monkeypatch.setattr(dsops, "tar_create_argv", lambda root, ops: ["cat", str(archive)])
+    with pytest.raises(SetupError) as raised:
+        _copy_between_two_local_nodes(monkeypatch, tmp_path)
+    what = raised.value.what
+    assert what.startswith("127.0.0.1: copying DeepSpeed's ops from localhost: the archive holds")
+    assert "fused_adam/evil (a symlink)" in what and "fused_adam/pipe (a fifo)" in what
+    assert "nothing of it was taken" in what
+    assert list((tmp_path / "dst").iterdir()) == []  # nothing taken, no stage left
+
+
+def test_take_staged_takes_only_a_stage_it_was_made_for(tmp_path, capsys):
+    from trainfleet.node import files
+
+    root = tmp_path / "ext"
+    (root / "fused_adam").mkdir(parents=True)
+    elsewhere = tmp_path / f"{files.STAGE_PREFIX}x"
+    (elsewhere / "fused_adam").mkdir(parents=True)
+    job = {"root": str(root), "stage": str(elsewhere), "names": ["fused_adam"]}
+    assert files.take_staged(job) == 3  # not in root: never moved from
+    assert (elsewhere / "fused_adam").is_dir() and "is not a directory" in capsys.readouterr().err
+    stage = root / f"{files.STAGE_PREFIX}abc"
+    (stage / "fused_adam").mkdir(parents=True)
+    stage.chmod(0o755)  # others could have put files in it
+    assert files.take_staged({**job, "stage": str(stage)}) == 3
+    stage.chmod(0o700)
+    assert files.take_staged({**job, "stage": str(stage), "names": ["..", "fused_adam"]}) == 0
+    assert capsys.readouterr().out.strip() == '["fused_adam"]' and not stage.exists()

@@ -142,6 +142,10 @@ class FakeFirewalls:
         self.iptables = {h: [("-p", "tcp", "--dport", "22", "-j", "ACCEPT")] for h in hosts}
         self.nft = {h: {1: "tcp flags syn drop"} for h in hosts}
         self.handles = 10
+        self.echo_handles = True
+        """False: `nft --echo --handle insert` prints the rule without `# handle N`."""
+        self.list_fails = False
+        """True: `nft -a list chain` fails (ssh or sudo did not get through)."""
 
     def run(self, nodes, argv, *, timeout=None, stdin=None):
         return [self._one(n.host, argv[n.host] if isinstance(argv, dict) else argv) for n in nodes]
@@ -159,11 +163,15 @@ class FakeFirewalls:
                 rc, err = 1, "iptables: Bad rule (does a matching rule exist in that chain?).\n"
         elif argv[:4] == ["nft", "--echo", "--handle", "insert"]:
             self.handles += 1
-            self.nft[host][self.handles] = " ".join(argv[8:]).replace(
-                "comment trainfleet", 'comment "trainfleet"'
-            )
-            out = f"insert rule {' '.join(argv[5:])} # handle {self.handles}\n"
+            # as nft prints a rule: its strings quoted
+            words = [f'"{w}"' if argv[i - 1] in ("iifname", "comment") else w
+                     for i, w in enumerate(argv) if i >= 8]  # fmt: skip
+            self.nft[host][self.handles] = " ".join(words)
+            out = f"insert rule {' '.join(argv[5:8] + words)}"
+            out += f" # handle {self.handles}\n" if self.echo_handles else "\n"
         elif argv[:3] == ["nft", "-a", "list"]:
+            if self.list_fails:
+                rc, err = 255, "ssh: connect to host gpu-node-2 port 22: Connection refused\n"
             out = "".join(f"\t\t{text} # handle {h}\n" for h, text in self.nft[host].items())
         elif argv[:3] == ["nft", "delete", "rule"]:
             self.nft[host].pop(int(argv[-1]))
@@ -239,6 +247,80 @@ def test_a_recorded_handle_never_matches_a_longer_one(tmp_path, monkeypatch):
     assert any("gpu-node-2: already gone" in n for n in result.notes)
 
 
+def test_revert_finds_a_rule_nft_printed_no_handle_for_by_its_comment_and_match(
+    tmp_path, monkeypatch
+):
+    """F11: the rule was added but nft echoed no handle ("?" recorded); --revert removes it,
+    not someone's identical rule without the comment, and then the state file goes."""
+    cluster, fake, rules = _two_nodes(monkeypatch)
+    fake.echo_handles = False
+    users = 'iifname "eth0" ip saddr 10.0.0.11 meta l4proto tcp accept'  # theirs: no comment
+    fake.nft["gpu-node-2"][5] = users
+    before = {h: dict(r) for h, r in fake.nft.items()}
+    state_file = tmp_path / "state.json"
+    applied = SetupResult(step="firewall")
+    fwapply.apply_rules(cluster, rules, str(state_file), applied)
+    assert json.loads(state_file.read_text())["nodes"]["gpu-node-2"][0]["revert"][-1] == "?"
+    assert any("gpu-node-2: nft printed no handle" in n for n in applied.notes)
+    assert fake.nft["gpu-node-2"] != before["gpu-node-2"]
+
+    reverted = SetupResult(step="firewall")
+    fwstate.revert_rules(cluster, str(state_file), reverted)
+    assert fake.nft == before and fake.nft["gpu-node-2"][5] == users
+    assert ("gpu-node-2", "removed (nftables): " + rules["gpu-node-2"][0].text) in [
+        (c.node, c.what) for c in reverted.changes
+    ]
+    assert not any("already gone" in n for n in reverted.notes)
+    assert not state_file.exists()
+
+
+def test_revert_keeps_a_rule_it_cannot_tell_apart_and_says_to_remove_it_by_hand(
+    tmp_path, monkeypatch
+):
+    """F11: no handle was echoed and the chain holds two rules exactly like it (or the chain
+    could not be listed): never "already gone", and the state file keeps the entry."""
+    cluster, fake, rules = _two_nodes(monkeypatch)
+    fake.echo_handles = False
+    state_file = tmp_path / "state.json"
+    fwapply.apply_rules(cluster, rules, str(state_file), SetupResult(step="firewall"))
+    ours = fake.nft["gpu-node-2"][11]
+    fake.nft["gpu-node-2"][12] = ours  # the same rule, comment and all, added again by someone
+    before = {h: dict(r) for h, r in fake.nft.items()}
+    result = SetupResult(step="firewall")
+    with pytest.raises(SetupError) as raised:
+        fwstate.revert_rules(cluster, str(state_file), result)
+    what = raised.value.what
+    assert "gpu-node-2: `nft insert rule inet filter input iifname eth0 ip saddr 10.0.0.11" in what
+    assert "may still be there" in what and "remove it by hand" in what
+    assert "nft -a list chain inet filter input" in what
+    assert str(state_file) in raised.value.fix
+    assert not any("already gone" in n for n in result.notes)
+    assert fake.nft["gpu-node-2"] == before["gpu-node-2"]  # neither was touched
+    state = json.loads(state_file.read_text())
+    assert list(state["nodes"]) == ["gpu-node-1", "gpu-node-2"]
+    assert state["nodes"]["gpu-node-1"] == []  # the iptables rule, removed, left it
+    assert [e["revert"][-1] for e in state["nodes"]["gpu-node-2"]] == ["?"]
+
+    # removed by hand: the next --revert finds it gone and the state file goes
+    del fake.nft["gpu-node-2"][12], fake.nft["gpu-node-2"][11]
+    again = SetupResult(step="firewall")
+    fwstate.revert_rules(cluster, str(state_file), again)
+    assert any("gpu-node-2: already gone" in n for n in again.notes)
+    assert not state_file.exists()
+
+    # a chain that cannot be listed tells nothing: the entry stays, with or without a handle
+    for echoed in (False, True):
+        cluster, fake, rules = _two_nodes(monkeypatch)
+        fake.echo_handles = echoed
+        fwapply.apply_rules(cluster, rules, str(state_file), SetupResult(step="firewall"))
+        fake.list_fails = True
+        with pytest.raises(SetupError, match="listing its chain .*Connection refused"):
+            fwstate.revert_rules(cluster, str(state_file), SetupResult(step="firewall"))
+        assert len(json.loads(state_file.read_text())["nodes"]["gpu-node-2"]) == 1
+        assert len(fake.nft["gpu-node-2"]) == 2
+        state_file.unlink()
+
+
 def test_the_state_file_is_private_and_an_edited_one_runs_nothing(tmp_path, monkeypatch):
     cluster, fake, state_file = _applied(tmp_path, monkeypatch)
     assert state_file.stat().st_mode & 0o777 == 0o600
@@ -288,6 +370,42 @@ def test_what_a_node_reports_never_becomes_a_rule_for_any_address(tmp_path):
     sheets["gpu-node-1"]["route_to_master"] = {}
     rules, notes = fwapply.plan_rules(reparsed(survey, sheets), ["gpu-node-1"], zones={})
     assert rules == {} and "no rule for it" in notes[-1]
+
+
+def test_a_rule_opens_only_to_an_address_this_machine_knows_the_peer_by(tmp_path):
+    """F7: gpu-node-3 reports 198.51.100.66 on its data interface, an address neither its name
+    nor ssh's connection knows it by: no rule for it, and a note naming node and address."""
+    survey = make_survey(tmp_path)
+    sheets = sheets_of(survey)
+    sheets["gpu-node-1"]["firewall"] = {"iptables": {"rc": 0, "out": IPTABLES_DROP}}
+    [data] = [e for e in sheets["gpu-node-3"]["interfaces"] if e["name"] == "ens14f2"]
+    data["ipv4"] = ["198.51.100.66/24"]
+    survey = reparsed(survey, sheets)
+    rules, notes = fwapply.plan_rules(survey, ["gpu-node-1"], zones={})
+    assert [r.peer for r in rules["gpu-node-1"]] == ["10.213.207.12"]
+    [note] = [n for n in notes if "198.51.100.66" in n]
+    assert note.startswith("gpu-node-3 reports 198.51.100.66 as its address")
+    assert "(10.213.207.13)" in note and "no rule on gpu-node-1" in note
+    # what this machine resolves the node's name in the cluster file to counts, for that node
+    resolved = {"gpu-node-2": ["198.51.100.66"]}
+    rules, _ = fwapply.plan_rules(survey, ["gpu-node-1"], zones={}, resolved=resolved)
+    assert [r.peer for r in rules["gpu-node-1"]] == ["10.213.207.12"]
+    resolved = {"gpu-node-3": ["198.51.100.66"]}
+    rules, notes = fwapply.plan_rules(survey, ["gpu-node-1"], zones={}, resolved=resolved)
+    assert [r.peer for r in rules["gpu-node-1"]] == ["10.213.207.12", "198.51.100.66"]
+    assert not any("198.51.100.66" in n for n in notes)
+
+
+def test_the_addresses_a_peer_is_known_by_come_from_this_machine_only():
+    cluster = load_cluster(hosts="10.0.0.11,gpu-node-2,gpu-node-3")
+    connected = {"10.0.0.11": "10.0.0.11", "gpu-node-2": "10.0.0.12", "gpu-node-3": None}
+    resolved = {"gpu-node-2": ["10.1.0.12", "127.0.1.1"], "gpu-node-3": ["0.0.0.0"]}
+    assert fwapply.trusted_addresses(cluster, connected, resolved) == {
+        "10.0.0.11": {"10.0.0.11"},
+        "gpu-node-2": {"10.0.0.12", "10.1.0.12"},  # never loopback
+        "gpu-node-3": set(),
+    }
+    assert fwapply.resolve_names(load_cluster(hosts="127.0.0.1")) == {"127.0.0.1": ["127.0.0.1"]}
 
 
 def test_nft_names_from_a_nodes_ruleset_are_plain_words():

@@ -1,5 +1,6 @@
 """Files a launch or a fix puts on a node: the deepspeed backend's private directory, lines
-appended to known_hosts, and sync's removal of what the launch node no longer has.
+appended to known_hosts, sync's removal of what the launch node no longer has, and directories
+unpacked from another node's archive (`take_staged`: DeepSpeed's ops).
 
     >>> import tempfile; home = tempfile.mkdtemp()
     >>> append_lines({"file": home + "/kh", "lines": ["a ssh-ed25519 K", "a ssh-ed25519 K"]})
@@ -9,6 +10,7 @@ appended to known_hosts, and sync's removal of what the launch node no longer ha
 """
 
 import fnmatch
+import json
 import os
 import shutil
 import stat
@@ -90,4 +92,80 @@ def prune(job):
                     os.rmdir(path)
                     removed += 1
     print(removed)
+    return 0
+
+
+STAGE_PREFIX = ".trainfleet-stage-"
+"""How the private directories an archive is unpacked into are named (setup/transfer.py)."""
+
+
+def _kind(mode):
+    for test, name in ((stat.S_ISLNK, "a symlink"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a fifo"),
+                       (stat.S_ISSOCK, "a socket")):  # fmt: skip
+        if test(mode):
+            return name
+    return "not a file or directory"
+
+
+def _checked_stage(root, stage):
+    """`stage` if it is a private directory of this user's directly in `root` named as
+    `STAGE_PREFIX` says (what `mktemp -d` made for this copy), else None."""
+    if os.path.dirname(stage) != root.rstrip("/") or not os.path.basename(stage).startswith(
+        STAGE_PREFIX
+    ):
+        return None
+    try:
+        st = os.lstat(stage)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        return None
+    return stage
+
+
+def take_staged(job):
+    """Moves the directories job["names"] from job["stage"], where another node's archive was
+    unpacked, to job["root"] (each replacing what was there), then removes the stage. Only
+    directories and regular files are taken, each without setuid, setgid or sticky bits: a
+    symlink (which could point anywhere), a device, a fifo or a socket is never part of a build
+    directory, so one anywhere makes it take nothing (exit 3, with what and where on stderr).
+    Prints the names taken, one JSON list."""
+    root = job["root"]
+    stage = _checked_stage(root, job["stage"])
+    if stage is None:
+        sys.stderr.write("%s is not a directory this copy unpacked into\n" % job["stage"])
+        return 3
+    refused = []
+    for base, dirs, files in os.walk(stage):
+        for name in dirs + files:
+            path = os.path.join(base, name)
+            st = os.lstat(path)
+            mode, where = st.st_mode, os.path.relpath(path, stage)
+            if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
+                refused.append("%s (%s)" % (where, _kind(mode)))
+            elif mode & 0o7000 and stat.S_ISREG(mode) and st.st_nlink > 1:
+                refused.append("%s (a hard link with mode %o)" % (where, stat.S_IMODE(mode)))
+            elif mode & 0o7000:  # GNU tar clears them already (--no-same-permissions)
+                os.chmod(path, stat.S_IMODE(mode) & 0o777)
+    if refused:
+        shutil.rmtree(stage)
+        sys.stderr.write(
+            "the archive holds %s, which a build directory never does: nothing of it was taken\n"
+            % ", ".join(refused[:5])
+        )
+        return 3
+    taken = []
+    for name in job["names"]:
+        source, target = os.path.join(stage, name), os.path.join(root, name)
+        if "/" in name or name in ("", ".", "..") or not os.path.isdir(source):
+            continue  # not a plain name, or not in the archive
+        if os.path.islink(target) or (os.path.lexists(target) and not os.path.isdir(target)):
+            os.unlink(target)
+        elif os.path.isdir(target):
+            shutil.rmtree(target)
+        os.rename(source, target)
+        taken.append(name)
+    shutil.rmtree(stage)
+    print(json.dumps(taken))
     return 0

@@ -10,11 +10,18 @@ copied to the others, instead of compiled on every node at the first launch.
 At its first start a DeepSpeed rank compiles the ops it uses (`trainfleet.node.dsops`):
 minutes on every node, with nothing on screen, and a node that lacks a compiler or ninja
 fails there and only there (seed 004's "Ninja is required" on the remote nodes). Here each
-node says which ops are current for the environment; the first node that needs them builds
-them (a node that has them current is used instead), and its build directories go to the
-other nodes, where ninja, run through DeepSpeed's builder, checks them: identical nodes (same
-paths, flags and GPU architectures, files not newer) take the copy as it is, any other builds
-its own. A build that fails names the node, the op and the compiler's words.
+node says which ops are current for the environment; the first node in the cluster's order
+that needs them builds them, and its build directories go to the other nodes that need them,
+where ninja, run through DeepSpeed's builder, checks them: identical nodes (same paths, flags
+and GPU architectures, files not newer) take the copy as it is, any other builds its own. A
+build that fails names the node, the op and the compiler's words.
+
+The copy is native code that every receiving node's ranks load, so its source must be trusted:
+it is always the node this run built on, chosen here, never a node that reports its own ops
+current (a report is the node's own word; a node that has them keeps them, and gives them to no
+one). The copy travels through this machine and is unpacked into a private directory without
+owners or setuid/setgid/sticky bits; a symlink, device or fifo in it makes the node take none
+of it (`trainfleet.node.files.take_staged`).
 
 The default ops are those a ZeRO run with an `optimizer` section (HF Trainer's and train's
 DeepSpeed configs) builds: fused_adam, plus the CPU accelerator's shared-memory comm when
@@ -38,7 +45,7 @@ from trainfleet.nodeset import fold_names
 from trainfleet.remote import run_on_nodes
 from trainfleet.remote.ssh import node_argv
 from trainfleet.setup.result import SetupResult
-from trainfleet.setup.transfer import COPY_TIMEOUT_S, stream_tar
+from trainfleet.setup.transfer import COPY_TIMEOUT_S, STAGE_PREFIX, stream_tar
 from trainfleet.untrusted import printable
 
 DEFAULT_OPS = ("fused_adam",)
@@ -172,14 +179,27 @@ def tar_create_argv(root: str, ops: Sequence[str]) -> list[str]:
     return ["tar", "--format=posix", "--exclude=lock", "-C", root, "-cf", "-", "--", *ops]
 
 
-def _copy(source: Node, source_root: str, node: Node, root: str, ops: Sequence[str]) -> str:
+def _copy(source: Node, source_root: str, node: Node, root: str, ops: Sequence[str],
+          argv_for: ArgvFor) -> str:  # fmt: skip
     """The build directories of `ops` from source to node, times kept (ninja compares them);
-    '' when done. Goes through this machine: the nodes need not trust each other yet."""
-    ended = stream_tar(node_argv(source, tar_create_argv(source_root, ops)), node, root)
+    '' when done. The source must be trusted (its files become native code in every node's
+    ranks): `prepare` takes the node it built on. Through this machine (the nodes need no ssh
+    to each other), unpacked in a private directory as the node's ssh user, then taken by a
+    node program that refuses anything but files and directories (`take_staged`)."""
+    create = node_argv(source, tar_create_argv(source_root, ops))
+    ended = stream_tar(create, node, root, staged=True)
     if ended.created != 0:
         return f"reading them on {source.host}: {printable(ended.created_err)[-500:]}"
     if ended.extracted != 0:
         return printable(ended.extracted_err)[-500:] or "tar failed"
+    stage = (ended.extracted_out.splitlines() or [""])[-1]
+    if not re.fullmatch(re.escape(f"{root}/{STAGE_PREFIX}") + "[A-Za-z0-9]+", stage):
+        return f"unpacking them printed {printable(stage)[-200:]!r}, not the directory it used"
+    job = {"root": root, "stage": stage, "names": list(ops)}
+    stdin = node_programs.line("files", "take_staged", job)
+    [took] = run_on_nodes([node], argv_for("files"), stdin=stdin, timeout=120)
+    if not took.ok:
+        return printable(took.stderr.strip())[-500:] or took.reason()
     return ""
 
 
@@ -219,22 +239,19 @@ def prepare(cluster: Cluster, *, argv_for: ArgvFor, target: str, ops: Sequence[s
     stale = [h for h in hosts if states[h].todo]
     if not stale:
         return
-    source = next((h for h in hosts if not states[h].todo and states[h].root), None)
-    if source is None:
-        source, stale = stale[0], stale[1:]
-        say(f"building DeepSpeed's ops {', '.join(ops)} on {source} (minutes; once, the other "
-            "nodes get a copy)")  # fmt: skip
-        built = _build(cluster.node(source), argv_for, target, ops, envs[source])
-        if error := _failed(source, built):
-            raise error
-        for other in built:
-            if other.result in ("incompatible", "unknown"):
-                result.note(f"DeepSpeed's op {other.op}: {other.result} on {source}, not built")
-        if got := _described(built):
-            result.add(source, got)
-        copied = [b.op for b in built if b.result in ("built", "current")]
-    else:
-        copied = [op for op, state in states[source].ops.items() if state == "current"]
+    # The source is the node this run builds on, never one that says its ops are current.
+    source, stale = stale[0], stale[1:]
+    say(f"building DeepSpeed's ops {', '.join(ops)} on {source} (minutes; once, the other "
+        "nodes get a copy)")  # fmt: skip
+    built = _build(cluster.node(source), argv_for, target, ops, envs[source])
+    if error := _failed(source, built):
+        raise error
+    for other in built:
+        if other.result in ("incompatible", "unknown"):
+            result.note(f"DeepSpeed's op {other.op}: {other.result} on {source}, not built")
+    if got := _described(built):
+        result.add(source, got)
+    copied = [b.op for b in built if b.result in ("built", "current")]
     if not stale:
         return
     say(f"copying them from {source} to {fold_names(stale)}; each node's ninja checks them")
@@ -242,7 +259,8 @@ def prepare(cluster: Cluster, *, argv_for: ArgvFor, target: str, ops: Sequence[s
     def one(host: str) -> list[Built] | str:
         node, root = cluster.node(host), states[host].root
         if copied and root and states[source].root:
-            if error := _copy(cluster.node(source), states[source].root, node, root, copied):
+            source_node, source_root = cluster.node(source), states[source].root
+            if error := _copy(source_node, source_root, node, root, copied, argv_for):
                 return error
         return _build(node, argv_for, target, ops, envs[host])
 
@@ -252,7 +270,8 @@ def prepare(cluster: Cluster, *, argv_for: ArgvFor, target: str, ops: Sequence[s
         if isinstance(outcome, str):
             raise SetupError(
                 f"{host}: copying DeepSpeed's ops from {source}: {outcome}",
-                "check the disk and permissions there, then run this again",
+                f"check the disk and permissions there (and {source}'s build directories, when "
+                "it names what the archive holds), then run this again",
             )
         if error := _failed(host, outcome):
             raise error

@@ -136,8 +136,12 @@ def _iptables(iface: str, peer: str, **_) -> list[Rule]:
     ]
 
 
+def _nft_spec(iface: str, peer: str) -> tuple[str, ...]:
+    return ("iifname", iface, "ip", "saddr", peer, *"meta l4proto tcp accept comment".split(), TAG)
+
+
 def _nftables(iface: str, peer: str, *, chains: list[NftChain], **_) -> list[Rule]:
-    spec = ("iifname", iface, "ip", "saddr", peer, *"meta l4proto tcp accept comment".split(), TAG)
+    spec = _nft_spec(iface, peer)
     rules = []
     for c in chains:
         where = (c.family, c.table, c.chain)
@@ -229,6 +233,33 @@ def revert_is_ours(backend: str, argv: list[str]) -> bool:
     except (IndexError, ValueError):
         return False
     return valid_interface(iface) and valid_peer(peer) and tuple(argv) in expected
+
+
+def nft_listed(text: str, where: list[str]) -> str | None:
+    """How `nft list` prints the rule `allow_rules` added as `text` in chain `where` (family,
+    table, chain), without its handle; None when `text` is not such a rule. What --revert looks
+    for when nft printed no handle as it added the rule.
+
+        >>> nft_listed("nft insert rule inet filter input iifname eth0 ip saddr 10.0.0.11 "
+        ...            "meta l4proto tcp accept comment trainfleet", ["inet", "filter", "input"])
+        'iifname "eth0" ip saddr 10.0.0.11 meta l4proto tcp accept comment "trainfleet"'
+    """
+    try:
+        words = shlex.split(text)
+        family, table, chain = where
+        iface, peer = words[7], words[10]
+    except (ValueError, IndexError):
+        return None
+    if not (family in NFT_FAMILIES and valid_word(table) and valid_word(chain)):
+        return None
+    if not (valid_interface(iface) and valid_peer(peer)):
+        return None
+    [rule] = _nftables(iface, peer, chains=[NftChain(family, table, chain, True)])
+    if rule.text != text:
+        return None
+    spec = list(_nft_spec(iface, peer))
+    spec[1], spec[-1] = f'"{iface}"', f'"{TAG}"'  # nft quotes the strings it prints
+    return " ".join(spec)
 
 
 def nft_handle(output: str) -> str | None:

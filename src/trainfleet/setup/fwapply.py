@@ -8,11 +8,17 @@ records each in the state file with the exact command that removes it (for nftab
 the handle the kernel gave it) right after it was added, so that `--revert` removes exactly
 what was added, also after a partial failure, and nothing else: a rule that was already
 there is never recorded, a rule that is gone already is only noted.
+
+A rule opens a node only to the addresses its peers are known by on this machine: the names the
+cluster file gives them (addresses, or names resolved here) and the addresses ssh connects to
+(`ssh -G`'s HostName, resolved here). An address a node reports for its data interface is its
+own word; outside that set it gets no rule, only a note naming the node and the address.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import socket
+from collections.abc import Mapping, Sequence
 
 from trainfleet.catalog import FindingId
 from trainfleet.cluster import Cluster, Node
@@ -43,11 +49,52 @@ def _address(facts: NodeFacts, iface: str | None) -> str | None:
     return None
 
 
+def trusted_addresses(
+    cluster: Cluster, connected: Mapping[str, str | None], resolved: Mapping[str, Sequence[str]]
+) -> dict[str, frozenset[str]]:
+    """Per node, the IPv4 addresses a rule may let in as that node: its name in the cluster
+    file when that is an address, what this machine resolves the name to (`resolved`), and the
+    address ssh connects to (`connected`: `Survey.addresses`). Never what the node reports.
+
+        >>> from trainfleet.cluster import load_cluster
+        >>> cluster = load_cluster(hosts="10.0.0.11,gpu-node-2")
+        >>> trusted = trusted_addresses(cluster, {"gpu-node-2": "10.0.0.12"},
+        ...                             {"gpu-node-2": ["10.1.0.12", "::1"]})
+        >>> sorted(trusted["10.0.0.11"]), sorted(trusted["gpu-node-2"])
+        (['10.0.0.11'], ['10.0.0.12', '10.1.0.12'])
+    """
+    trusted = {}
+    for node in cluster.nodes:
+        known = {node.host, connected.get(node.host), *resolved.get(node.host, ())}
+        trusted[node.host] = frozenset(a for a in known if a and valid_peer(a))
+    return trusted
+
+
+def resolve_names(cluster: Cluster) -> dict[str, list[str]]:
+    """Every IPv4 address this machine resolves each node's name in the cluster file to (no
+    connection is made; a name that does not resolve has none)."""
+    found = {}
+    for node in cluster.nodes:
+        try:
+            infos = socket.getaddrinfo(node.host, None, socket.AF_INET, socket.SOCK_STREAM)
+        except (OSError, UnicodeError):
+            infos = []
+        found[node.host] = sorted({info[4][0] for info in infos})
+    return found
+
+
 def plan_rules(
-    survey: Survey, blocked: Sequence[str], zones: dict[str, str]
+    survey: Survey,
+    blocked: Sequence[str],
+    zones: dict[str, str],
+    *,
+    resolved: Mapping[str, Sequence[str]] | None = None,
 ) -> tuple[dict[str, list[firewall.Rule]], list[str]]:
-    """The rules for each blocked node, and notes for those no rule can be found for."""
+    """The rules for each blocked node, and notes for those no rule can be found for. A peer's
+    address gets a rule only when it is one `trusted_addresses` knows that peer by (`resolved`:
+    `resolve_names`; without it, only the addresses ssh connects to and literal addresses)."""
     chosen = chosen_interfaces(survey)
+    trusted = trusted_addresses(survey.cluster, survey.addresses, resolved or {})
     rules, notes = {}, []
     for host in blocked:
         facts = survey.facts[host]
@@ -61,13 +108,23 @@ def plan_rules(
         peers = []
         for peer, sheet in survey.facts.items():
             address = _address(sheet, chosen.get(peer)) if peer != host else None
-            if address and valid_peer(address):
-                peers.append(address)
-            elif address:  # what a node reports is its own word: never a rule for `any`
+            if not address:
+                continue
+            if not valid_peer(address):  # what a node reports is its own word: never `any`
                 notes.append(
                     f"{peer} reports {address[:60]!r} as its address, which is not a unicast"
                     f" IPv4 address: no rule on {host} lets it in"
                 )
+            elif address not in trusted.get(peer, ()):  # nor an address it picked
+                known = ", ".join(sorted(trusted.get(peer, ()))) or "none"
+                notes.append(
+                    f"{peer} reports {address} as its address, which is not one this machine"
+                    f" knows it by ({known}): no rule on {host} lets it in; if it is {peer}'s,"
+                    " name the node by it in the cluster file (or make its name resolve to it"
+                    " here), or add the rule by hand"
+                )
+            else:
+                peers.append(address)
         backends = firewall.active_backends(facts.firewall)
         if not backends:
             notes.append(
@@ -128,7 +185,13 @@ def apply_rules(
                 continue
             revert = list(rule.revert)
             if rule.backend == "nftables":
-                revert.append(firewall.nft_handle(r.stdout) or "?")
+                handle = firewall.nft_handle(r.stdout)
+                revert.append(handle or "?")  # --revert then looks for the rule itself
+                if handle is None:
+                    result.note(
+                        f"{r.node}: nft printed no handle for `{rule.text}`: --revert looks"
+                        " for it by its comment and match, or says to remove it by hand"
+                    )
             state["nodes"].setdefault(r.node, []).append(
                 {
                     "backend": rule.backend,
@@ -173,7 +236,8 @@ def setup_firewall(
         found = verify.findings(survey, verify.FIREWALL)
         blocked = [h for f in found if f.id is FindingId.FIREWALL_BLOCKS_PORTS for h in f.nodes]
         zones = _firewalld_zones(cluster, survey, blocked)
-        rules, notes = plan_rules(survey, blocked, zones)
+        resolved = resolve_names(cluster) if blocked else {}
+        rules, notes = plan_rules(survey, blocked, zones, resolved=resolved)
         result.notes += notes
         shown = [f"  {host}: {rule.text}" for host, rs in rules.items() for rule in rs]
         if mode == "print" or dry_run:

@@ -6,7 +6,9 @@
 The state file lists, per node, each rule that was added and the exact argv that removes it
 (for nftables with its handle; with `sudo -n` where the login is not root). It is written
 after every single rule, so a failure half way loses nothing; entries leave it only once their
-rule is gone, and the file goes when it is empty.
+rule is gone, and the file goes when it is empty. Where nft printed no handle as it added a
+rule, --revert finds it by its comment and exact match in the chain; where it cannot tell, the
+entry stays and the user is told to remove that rule by hand.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from enum import Enum
 from pathlib import Path
 
 from trainfleet.cluster import Cluster
@@ -90,18 +93,92 @@ def run_in_turn(cluster: Cluster, argvs: dict[str, list[list[str]]]):
 
 
 _GONE = ("Bad rule", "does a matching rule exist", "non-existent rule", "NOT_ENABLED")
+_LISTED = re.compile(r"(.*?)\s*# handle (\d+)")
+_NO_CHAIN = "Error: No such file or directory"
+"""What `nft list chain` says of a chain that is not there (nor, then, any rule of it)."""
 
 
-def _nft_still_ours(cluster: Cluster, host: str, revert: list[str]) -> bool:
-    """The handle still names a rule of ours (handles are reused after a flush)."""
+class Found(Enum):
+    """Where a recorded nftables rule is, by `nft -a list chain` (`find_nft_rule`).
+
+    HERE: in the chain under the handle found: removed by that handle. GONE: no rule in the
+    chain can be it (removed by hand, or the handle now names someone else's rule): noted,
+    and its entry leaves the state file. UNSURE: nft printed no handle when it was added and
+    the chain holds no single rule that is exactly it, so it may still be there: its entry
+    stays, and the user removes the rule by hand (a later --revert then finds it GONE).
+    """
+
+    HERE = "here"
+    GONE = "gone"
+    UNSURE = "unsure"
+
+
+def _chain(revert: list[str]) -> list[str]:
+    """family, table, chain of an nftables revert argv (`nft delete rule F T C handle N`)."""
     where = revert.index("delete")
-    listing = [*revert[:where], "-a", "list", "chain", *revert[where + 2 : -2]]
-    [out] = run_on_nodes([cluster.node(host)], listing, timeout=TIMEOUT_S)
-    handle = re.compile(rf"# handle {re.escape(revert[-1])}$")  # 5 is not 52
-    return any(
-        handle.search(line.rstrip()) and f'comment "{firewall.TAG}"' in line
-        for line in out.stdout.splitlines()
+    return revert[where + 2 : -2]
+
+
+def find_nft_rule(listing: str, item: dict, claimed: set[str]) -> tuple[Found, str | None]:
+    """Which rule in `listing` (`nft -a list chain` of the entry's chain) the state entry
+    `item` added, and its handle. A recorded handle counts only while it still names a rule
+    with our comment (handles are reused after a flush; 5 is not 52). Without one ("?": nft
+    printed none), the rule with exactly the entry's match and comment, unless another entry
+    holds its handle (`claimed`).
+
+        >>> item = {"text": "nft insert rule inet filter input iifname eth0 ip saddr 10.0.0.11"
+        ...         " meta l4proto tcp accept comment trainfleet",
+        ...         "revert": ["nft", "delete", "rule", "inet", "filter", "input", "handle", "?"]}
+        >>> listing = ('iifname "eth0" ip saddr 10.0.0.11 meta l4proto tcp accept '
+        ...            'comment "trainfleet" # handle 7')
+        >>> find_nft_rule(listing, item, set()), find_nft_rule(listing, item, {"7"})
+        ((<Found.HERE: 'here'>, '7'), (<Found.UNSURE: 'unsure'>, None))
+        >>> find_nft_rule("tcp dport 22 accept # handle 3", item, set())
+        (<Found.GONE: 'gone'>, None)
+    """
+    rules = [m.groups() for line in listing.splitlines() if (m := _LISTED.fullmatch(line.strip()))]
+    ours = f'comment "{firewall.TAG}"'
+    recorded = item["revert"][-1]
+    if recorded.isdigit():
+        here = any(handle == recorded and ours in body for body, handle in rules)
+        return (Found.HERE, recorded) if here else (Found.GONE, None)
+    listed = firewall.nft_listed(item["text"], _chain(item["revert"]))
+    if listed is None:
+        return Found.UNSURE, None
+    exact = [handle for body, handle in rules if body == listed and handle not in claimed]
+    if len(exact) == 1:
+        return Found.HERE, exact[0]
+    peer = listed.split()[4]
+    # Another rule of ours from that peer (or one nft prints otherwise): it may be this one.
+    near = any(ours in body and f" {peer} " in f" {body} " for body, _ in rules)
+    return (Found.UNSURE, None) if exact or near else (Found.GONE, None)
+
+
+def _by_hand(item: dict) -> str:
+    family, table, chain = _chain(item["revert"])
+    return (
+        f"`{item['text']}` may still be there: nft printed no handle when it was added, and "
+        "the chain holds no single rule that is exactly it; remove it by hand (find its handle "
+        f"with `nft -a list chain {family} {table} {chain}`, then `nft delete rule {family} "
+        f"{table} {chain} handle N`), and --revert then drops its entry"
     )
+
+
+def _locate(
+    cluster: Cluster, host: str, item: dict, claimed: set[tuple[str, ...]]
+) -> tuple[Found, str]:
+    """`find_nft_rule` on the node's listing of the entry's chain: (where, handle or why).
+    `claimed`: (family, table, chain, handle) of the rules other entries on the node hold."""
+    revert, chain = item["revert"], _chain(item["revert"])
+    listing = [*revert[: revert.index("delete")], "-a", "list", "chain", *chain]
+    [out] = run_on_nodes([cluster.node(host)], listing, timeout=TIMEOUT_S)
+    if not out.ok:
+        if _NO_CHAIN in out.stderr:  # no chain, no rule in it
+            return Found.GONE, ""
+        return Found.UNSURE, f"listing its chain to find `{item['text']}`: {out.reason()}"
+    taken = {c[-1] for c in claimed if list(c[:-1]) == chain}
+    found, handle = find_nft_rule(out.stdout, item, taken)
+    return found, handle or (_by_hand(item) if found is Found.UNSURE else "")
 
 
 def revert_rules(cluster: Cluster, state_file: str, result: SetupResult) -> None:
@@ -113,21 +190,29 @@ def revert_rules(cluster: Cluster, state_file: str, result: SetupResult) -> None
             f"{state_file} lists {', '.join(unknown)}, not in this cluster",
             "pass the same cluster as with --apply",
         )
-    argvs = {}
+    argvs, runs, failed = {}, {}, []
     for host, items in entries.items():
-        keep = []
+        nft = [item["revert"] for item in items if item["backend"] == "nftables"]
+        claimed = {(*_chain(r), r[-1]) for r in nft if r[-1].isdigit()}
+        runs[host] = []
         for item in items:
-            if item["backend"] == "nftables" and not _nft_still_ours(cluster, host, item["revert"]):
-                result.note(f"{host}: already gone: {item['text']}")
-                state["nodes"][host].remove(item)
-                continue
-            keep.append(item)
-        entries[host] = keep
-        argvs[host] = [item["revert"] for item in keep]
-    failed = []
+            revert = item["revert"]
+            if item["backend"] == "nftables":
+                found, said = _locate(cluster, host, item, claimed)
+                if found is Found.GONE:
+                    result.note(f"{host}: already gone: {item['text']}")
+                    state["nodes"][host].remove(item)
+                    continue
+                if found is Found.UNSURE:  # its entry stays: the rule may be there
+                    failed.append(f"{host}: {said}")
+                    continue
+                claimed.add((*_chain(revert), said))
+                revert = [*revert[:-1], said]
+            runs[host].append((item, revert))
+        argvs[host] = [revert for _, revert in runs[host]]
     for i, results in run_in_turn(cluster, argvs):
         for r in results:
-            item = entries[r.node][i]
+            item = runs[r.node][i][0]
             gone = not r.ok and any(text in r.stdout + r.stderr for text in _GONE)
             if r.ok or gone:
                 state["nodes"][r.node].remove(item)

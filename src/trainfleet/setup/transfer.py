@@ -7,6 +7,11 @@ leaving exactly this machine's files (but the excluded ones, never touched) at t
 rsync does it with --delete. tar cannot delete, so after the archive is unpacked a small
 stdlib job removes what this machine does not have (the file list travels with it); without
 that, a file deleted here would stay on the node, and doctor would still see the code differ.
+
+`stream_tar` (setup pyenv's wheels, DeepSpeed's ops from another node) unpacks as the ssh user
+with its umask: no owner from the archive, no setuid, setgid or sticky bit, also as root (GNU
+tar's --no-same-owner --no-same-permissions; sync keeps both, as rsync -a does). With `staged`
+it unpacks into a new private directory that a node program checks and moves into place.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from dataclasses import dataclass
 
 from trainfleet import node as node_programs
 from trainfleet.cluster import Node
-from trainfleet.node.files import is_excluded
+from trainfleet.node.files import STAGE_PREFIX, is_excluded
 from trainfleet.remote import node_argv, run_on_nodes, ssh_options
 
 COPY_TIMEOUT_S = 3600
@@ -70,26 +75,49 @@ def tar_create_argv(directory: str) -> list[str]:
 
 
 def tar_extract_argv(node: Node, directory: str) -> list[str]:
+    """sync's unpacking: the files as they are here, owners (as root) and modes kept."""
     script = 'mkdir -p -- "$1" && exec tar -C "$1" -xf -'
+    return node_argv(node, ["sh", "-c", script, "sh", directory])
+
+
+FOREIGN = ("--no-same-owner", "--no-same-permissions")
+"""GNU tar's options for an archive that is not the user's own files: owned by whoever unpacks
+it, modes through the umask and without setuid, setgid or sticky bits (root included)."""
+_STAGE = f'd=$(mktemp -d "$1/{STAGE_PREFIX}XXXXXXXX") && echo "$d" || exit'
+
+
+def foreign_extract_argv(node: Node, directory: str, *, staged: bool = False) -> list[str]:
+    """`stream_tar`'s unpacking (FOREIGN) into `directory`, or with `staged` into a new
+    directory in it that only this user can enter (`mktemp -d`, mode 0700), whose path it
+    prints first and removes again when tar fails."""
+    tar = f'tar {" ".join(FOREIGN)} -C "${"d" if staged else "1"}" -xf -'
+    if staged:
+        script = f'mkdir -p -- "$1" && {_STAGE}; {tar} || {{ s=$?; rm -rf -- "$d"; exit $s; }}'
+    else:
+        script = f'mkdir -p -- "$1" && exec {tar}'
     return node_argv(node, ["sh", "-c", script, "sh", directory])
 
 
 @dataclass(frozen=True, slots=True)
 class TarStream:
-    """How both ends of `stream_tar` ended (exit code, stderr)."""
+    """How both ends of `stream_tar` ended (exit code, stderr; the unpacking's stdout)."""
 
     created: int
     created_err: str
     extracted: int
     extracted_err: str
+    extracted_out: str = ""
+    """With `staged`: the directory it unpacked into."""
 
 
-def stream_tar(create: Sequence[str], node: Node, directory: str) -> TarStream:
+def stream_tar(
+    create: Sequence[str], node: Node, directory: str, *, staged: bool = False
+) -> TarStream:
     """`create`, a tar writing its archive to stdout (here, or on another node through ssh),
-    piped into a tar that unpacks it in `directory` on `node`."""
+    piped into a tar that unpacks it in `directory` on `node` (`foreign_extract_argv`)."""
     with subprocess.Popen(create, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as tar:
         extract = subprocess.run(
-            tar_extract_argv(node, directory),
+            foreign_extract_argv(node, directory, staged=staged),
             stdin=tar.stdout,
             capture_output=True,
             timeout=COPY_TIMEOUT_S,
@@ -99,7 +127,8 @@ def stream_tar(create: Sequence[str], node: Node, directory: str) -> TarStream:
         created_err = tar.stderr.read().decode(errors="replace")
     return TarStream(created=tar.returncode, created_err=created_err.strip(),
                      extracted=extract.returncode,
-                     extracted_err=extract.stderr.decode(errors="replace").strip())  # fmt: skip
+                     extracted_err=extract.stderr.decode(errors="replace").strip(),
+                     extracted_out=extract.stdout.decode(errors="replace").strip())  # fmt: skip
 
 
 def _tar_copy(node: Node, directory: str, excludes: Sequence[str]) -> str:
