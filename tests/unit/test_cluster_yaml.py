@@ -239,6 +239,63 @@ def test_other_errors(text, what):
     assert what in str(_error(text))
 
 
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ('!!int ""', "'' is not a valid !!int"),  # an IndexError inside PyYAML once
+        ('!!int "0x"', "'0x' is not a valid !!int"),
+        ('!!int "-"', "'-' is not a valid !!int"),
+        ('!!int "_"', "'_' is not a valid !!int"),
+        ('!!float ""', "'' is not a valid !!float"),
+        ('!!float "-"', "'-' is not a valid !!float"),
+        ('!!bool ""', "'' is not a valid !!bool"),  # a KeyError
+        ("!!bool maybe", "'maybe' is not a valid !!bool"),
+        ('!!timestamp "x"', "'x' is not a valid !!timestamp"),  # an AttributeError
+        ("!!timestamp 0000-01-01", "year 0 is out of range"),
+        ('!!binary "\u00e9"', "failed to convert base64"),
+        ("!!binary a", "failed to decode base64"),
+        ("!!str {a: 1}", "expected a scalar node"),
+        ("!!set abc", "!!set needs a mapping, got a scalar"),
+        ("!!map [a]", "!!map needs a mapping, got a sequence"),
+        ("!!seq {a: 1}", "!!seq needs a sequence, got a mapping"),
+        ("!!omap abc", "expected a sequence"),
+        ("!!python/object/apply:os.system [id]", "could not determine a constructor"),
+        ("!!python/name:os.system ''", "could not determine a constructor"),
+        ('!!binary "%%%"', "slots must be an integer"),  # read (as b''), then refused
+    ],
+)
+def test_a_value_its_tag_cannot_read_is_an_error_on_its_line(tmp_path, value, says):
+    """cluster.yaml errors name the file and line, an exception inside one of PyYAML's
+    constructors included (`slots: !!int ""` ended in a traceback)."""
+    path = _write(tmp_path, f"# cluster\nnodes: [a]\nslots: {value}\nmaster_port: 29500\n")
+    with pytest.raises(SpecError) as err:
+        load_cluster(cluster_file=str(path))
+    assert str(err.value).startswith(f"{path}:3: ")
+    assert (err.value.source, err.value.line) == (str(path), 3)
+    assert says in str(err.value)
+    assert err.value.fix
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "says"),
+    [
+        ("", 1, "must be a mapping"),
+        ("# only a comment\n\n", 1, "must be a mapping"),
+        ("# c\n\njust a string\n", 3, "must be a mapping"),
+        ("# c\n- a\n- b\n", 2, "must be a mapping"),
+        ("# c\n!!int 5\n", 2, "must be a mapping"),
+        ("nodes: [a]\nenv: {A: 1}\n\x01\n", 3, "character #x0001"),
+        ("nodes: [a]\r\n\r\nx: \x00\n", 3, "character #x0000"),
+        ("nodes: [a]\n\nslots: " + "[" * 2000 + "]" * 2000, 3, "nested more than 100 levels"),
+        ("nodes: [a]\n\nslots:\n" + "".join(f"{'  ' * i}- \n" for i in range(150)), 103, "nested"),
+    ],
+)
+def test_every_malformed_document_names_a_line(text, line, says):
+    err = _error(text)
+    assert err.line == line, str(err)
+    assert says in str(err)
+
+
 def test_missing_cluster_file(tmp_path):
     with pytest.raises(SpecError) as err:
         load_cluster(cluster_file=str(tmp_path / "nope.yaml"))

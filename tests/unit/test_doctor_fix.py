@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -11,7 +12,7 @@ from doctor_fixtures import make_survey, reparsed, sheets_of, window, with_id
 
 from trainfleet import clusterfile
 from trainfleet.cluster import parse_cluster_yaml
-from trainfleet.doctor import DoctorReport, node_summaries
+from trainfleet.doctor import DoctorReport, fix, node_summaries
 from trainfleet.doctor.checks import network, run_checks
 from trainfleet.doctor.findings import Finding, Severity
 from trainfleet.doctor.fix import (
@@ -156,3 +157,66 @@ def test_what_fix_never_does_is_listed_with_the_reason(tmp_path):
     text = render_plan(plan)
     assert "nothing it can change safely" in text
     assert f"firewall-blocks-ports [{N3}]: doctor never changes a firewall" in text
+
+
+def _unknown_key_stderr(name: str) -> str:
+    return (
+        f"No ED25519 host key is known for {name} and you have requested strict checking.\r\n"
+        "Host key verification failed.\r\n"
+    )
+
+
+def _scans(monkeypatch) -> list[tuple[str, int]]:
+    """ssh-keyscan stubbed: every address answers with KEY; the calls are recorded."""
+    calls: list[tuple[str, int]] = []
+
+    def keyscan(address: str, port: int) -> list[str]:
+        calls.append((address, port))
+        return [KEY]
+
+    monkeypatch.setattr(fix, "keyscan", keyscan)
+    return calls
+
+
+def test_an_unknown_key_between_two_nodes_is_added_on_the_node_that_reported_it(
+    tmp_path, monkeypatch
+):
+    scans = _scans(monkeypatch)
+    survey = make_survey(tmp_path)
+    sheets = sheets_of(survey)
+    sheets[N2]["active"]["ssh"][N3] = {"rc": 255, "stderr": _unknown_key_stderr(N3)}
+    plan = plan_fixes(_report(reparsed(survey, sheets)), cluster_file=str(tmp_path / "c.yaml"))
+    assert [(k.target, k.peer, k.name, k.keys) for k in plan.host_keys] == [(N2, N3, N3, [KEY])]
+    assert scans == [(survey.addresses[N3], 22)]
+
+
+ODD_DESTINATIONS = [
+    "evil.example.com",  # a plain name, not a node of the cluster (F13: a KeyError once)
+    "10.0.0.66",
+    "",
+    "gpu-node-1.",
+    "GPU-NODE-2",
+    "\x1b]0;owned\x07gpu-node-2",
+    "x" * 5000,
+]
+
+
+@pytest.mark.parametrize("dst", ODD_DESTINATIONS, ids=range(len(ODD_DESTINATIONS)))
+@pytest.mark.parametrize("name", ["evil.example.com", "[evil.example.com]:2222", N3])
+def test_a_destination_that_is_not_a_node_is_ignored_with_a_note(tmp_path, monkeypatch, dst, name):
+    """A node's fact sheet names the ssh destinations it tried: one that is not a node of the
+    cluster gets no key scanned or added, a note naming the reporting node, and no traceback."""
+    scans = _scans(monkeypatch)
+    survey = make_survey(tmp_path)
+    sheets = sheets_of(survey)
+    sheets[N2]["active"]["ssh"][dst] = {"rc": 255, "stderr": _unknown_key_stderr(name)}
+    report = _report(reparsed(survey, sheets))
+    plan = plan_fixes(report, cluster_file=str(tmp_path / "cluster.yaml"))
+    assert plan.host_keys == [] and scans == []
+    assert [n for n in plan.not_done if n.startswith("host key of")] == [
+        f"host key of {dst[:60]!r}: {N2} reports an ssh to it, but it is not a node of this"
+        " cluster; ignored"
+    ]
+    text = render_plan(plan)
+    assert "\x1b" not in text and "\x07" not in text
+    json.dumps(plan.to_json())

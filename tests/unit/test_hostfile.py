@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+
 import pytest
 
 from trainfleet.cluster import load_cluster, parse_hostfile
@@ -35,12 +37,111 @@ def test_deepspeed_hostfile_keeps_order_slots_and_lines():
     "line",
     [
         "worker-0 slots=4 # four GPUs",
+        "worker-0 slots=4# four GPUs",
         "worker-0 slots=4 max_slots=8",  # MPI's extra field
-        "worker-0 slots=4xyz",  # DeepSpeed's regex is anchored only at the start
+        "worker-0 slots=4\tmax-slots=8  # MPI spells it both ways",
     ],
 )
-def test_trailing_text_after_slots_is_accepted_like_deepspeed(line):
+def test_a_comment_or_mpis_max_slots_may_follow_the_count(line):
     assert parse_hostfile(line) == {"worker-0": (4, 1)}
+
+
+@pytest.mark.parametrize(
+    ("line", "tail"),
+    [
+        ("node-1 slots=8;reboot", "';reboot'"),
+        ("node-1 slots=1 slots=2", "' slots=2'"),  # DeepSpeed takes the first: 1
+        ("node-1 slots=2 junk", "' junk'"),
+        ("node-1 slots=4xyz", "'xyz'"),
+        ("node-1 slots=2\x00", "'\\x00'"),
+        ("node-1 slots=4\u0663", "'\u0663'"),  # DeepSpeed's \d reads the Arabic 3: 43 slots
+        ("node-1 slots=4 max_slots=", "' max_slots='"),
+        ("node-1 slots=4 max_slots=8 x", "' max_slots=8 x'"),
+    ],
+)
+def test_text_after_the_slot_count_is_refused_naming_file_and_line(line, tail):
+    """DeepSpeed's runner reads `^(\\S+)\\s+slots=(\\d+)` and ignores the rest of the line: a
+    typo or an injected `;reboot` would pass unseen. Here it is an error on its line."""
+    err = _spec_error(f"ok slots=1\n# c\n{line}\n", "hf")
+    assert err.line == 3
+    assert str(err).startswith(f"hf:3: bad entry {line!r}: unexpected {tail} after `slots=")
+    assert "HOST slots=N" in err.fix
+
+
+def test_lines_end_only_where_deepspeed_sees_a_line_end():
+    """DeepSpeed splits with readlines() (LF, CRLF, CR); str.splitlines() also split at a form
+    feed or U+2028, which made two hosts of what DeepSpeed reads as one line with junk."""
+    assert parse_hostfile("a slots=1\r\nb slots=2\rc slots=3\n") == {
+        "a": (1, 1),
+        "b": (2, 2),
+        "c": (3, 3),
+    }
+    for separator in ("\f", "\v", "\x1c", "\x85", "\u2028", "\u2029"):
+        err = _spec_error(f"x slots=1\na slots=1{separator}b slots=2\n")
+        assert err.line == 2, repr(separator)
+        assert "unexpected" in str(err)
+
+
+# Hostfiles DeepSpeed 0.19.8's runner reads; trainfleet must read each the same way.
+DEEPSPEED_READS = [
+    "worker-0 slots=4\n",
+    "# training nodes\n\nworker-1 slots=8\n   worker-0   slots=4   \n\t# c\nworker-2\tslots=2\n",
+    "worker-0 slots=4 # four GPUs\nworker-1 slots=2 max_slots=8\n",
+    "a slots=01\r\nb slots=2\rc slots=3",
+    "10.0.0.1 slots=2\nfe80::1%eth0 slots=1\n",
+]
+# Hostfiles DeepSpeed refuses (ValueError); trainfleet must refuse them too.
+DEEPSPEED_REFUSES = [
+    "",
+    "# only a comment\n\n",
+    "worker-0\n",
+    "worker-0 slots = 4\n",
+    "slots=4\n",
+    "worker-0 slots=-1\n",
+    "a slots=1\na slots=2\n",
+]
+# Hostfiles DeepSpeed reads while ignoring part of a line; trainfleet refuses them on purpose.
+DEEPSPEED_IGNORES_PART = [
+    "node-1 slots=8;reboot\n",
+    "a slots=1 slots=2\n",
+    "a slots=4\u0663\n",
+    "a slots=1\fb slots=2\n",
+]
+
+
+def _deepspeed_reads(text: str) -> dict[str, int] | None:
+    """What DeepSpeed's own parser makes of `text` (as `fetch_hostfile` reads a file), or None
+    when it refuses it."""
+    runner = pytest.importorskip("deepspeed.launcher.runner", reason="deepspeed is not installed")
+    try:
+        return dict(runner._parse_hostfile(io.StringIO(text, newline=None).readlines()))
+    except ValueError:
+        return None
+
+
+def _trainfleet_reads(text: str) -> dict[str, int] | None:
+    try:
+        return {host: slots for host, (slots, _line) in parse_hostfile(text).items()}
+    except SpecError:
+        return None
+
+
+@pytest.mark.parametrize("text", DEEPSPEED_READS)
+def test_what_deepspeed_reads_is_read_the_same(text):
+    assert _deepspeed_reads(text) is not None
+    assert _trainfleet_reads(text) == _deepspeed_reads(text)
+
+
+@pytest.mark.parametrize("text", DEEPSPEED_REFUSES)
+def test_what_deepspeed_refuses_is_refused(text):
+    assert _deepspeed_reads(text) is None
+    assert _trainfleet_reads(text) is None
+
+
+@pytest.mark.parametrize("text", DEEPSPEED_IGNORES_PART)
+def test_what_deepspeed_reads_only_in_part_is_refused(text):
+    assert _deepspeed_reads(text) is not None  # the error message says DeepSpeed is silent
+    assert _trainfleet_reads(text) is None
 
 
 @pytest.mark.parametrize(

@@ -8,12 +8,14 @@ Inputs that once escaped as other exception types are kept as regression tests a
 
 from __future__ import annotations
 
+import io
+import json
 import re
 import string
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from trainfleet.cluster import filter_nodes, load_cluster, parse_cluster_yaml, parse_hostfile
@@ -188,6 +190,22 @@ def test_hostfile_parses_safely_or_spec_error(text):
 
 
 @FUZZ
+@given(st.one_of(st.text(), hostfile_text()))
+@example("a slots=4\u0663\n")  # DeepSpeed's \d reads 43; trainfleet once read 4
+@example("a slots=1\fb slots=2\n")  # one line to DeepSpeed; trainfleet once found b too
+@example("a slots=1 slots=2\n")
+def test_a_hostfile_that_parses_means_what_it_means_to_deepspeed(text):
+    """Nothing DeepSpeed 0.19.8's runner refuses or reads otherwise is accepted (trainfleet
+    refuses more: slots=0, metacharacters, text after the count)."""
+    runner = pytest.importorskip("deepspeed.launcher.runner", reason="deepspeed is not installed")
+    pool = _parse(parse_hostfile, text)
+    if pool is None:
+        return
+    lines = io.StringIO(text, newline=None).readlines()  # as fetch_hostfile reads the file
+    assert dict(runner._parse_hostfile(lines)) == {host: n for host, (n, _) in pool.items()}
+
+
+@FUZZ
 @given(st.one_of(st.text(), st.lists(node_spec(), min_size=1, max_size=4).map(",".join)))
 def test_hosts_flag_parses_safely_or_spec_error(hosts):
     cluster = _parse(load_cluster, hosts=hosts)
@@ -244,6 +262,53 @@ def test_cluster_yaml_structured_documents(doc, data):
         at = data.draw(st.integers(0, len(text) - 1))
         text = text[:at] + text[at + 1 :]
     _check_cluster_yaml(text)
+
+
+SAFE_TAGS = "int float bool null str binary timestamp set omap pairs seq map merge value yaml"
+YAML_TAGS = [
+    *(f"!!{name}" for name in SAFE_TAGS.split()),
+    # Refused by the safe loader; were one ever read, it would call a harmless builtin.
+    "!!python/object/apply:builtins.repr",
+    "!!python/name:builtins.repr",
+    "!!python/tuple",
+    "!local",
+    "!<tag:example.com,2000:x>",
+]
+tagged_value = st.builds(
+    "{} {}".format,
+    st.sampled_from(YAML_TAGS),
+    st.one_of(
+        st.sampled_from(
+            ['""', '"-"', '"+"', '"_"', '"0x"', '"0b"', '"0o"', '":"', '"1:"', '"."', '"%%%"']
+            + ["1e400", ".nan", "0000-01-01", "2001-13-45", "[]", "{}", "[a, 1]", "{a: 1}"]
+            + ["{? [a]}", "[{a: 1, b: 2}]", "[{[a]: 1}]", "[[a]]", "{a: {b: c}}"]
+        ),
+        st.text(st.characters(codec="utf-8"), max_size=8).map(json.dumps),
+    ),
+)
+# Each template puts the tagged value on its line 3: every error it causes belongs there.
+TAGGED_DOCUMENTS = [
+    "# a cluster\nnodes: [a]\nslots: {}\n",
+    "nodes:\n  - host: a\n    slots: {}\n",
+    "nodes:\n  - a\n  - {}\n",
+    "nodes: [a]\nenv:\n  A: {}\n",
+    "nodes: [a]\nssh:\n  port: {}\n",
+    "nodes: [a]\nmaster_port: 1\n{}: 1\n",
+    "# a cluster\n\n{}\n",
+]
+
+
+@FUZZ
+@given(st.sampled_from(TAGGED_DOCUMENTS), tagged_value)
+@example(TAGGED_DOCUMENTS[0], '!!int ""')  # once an IndexError inside PyYAML
+@example(TAGGED_DOCUMENTS[1], '!!bool ""')  # once a KeyError
+@example(TAGGED_DOCUMENTS[6], "!!set abc")  # once a SpecError without a line
+def test_a_tagged_value_parses_or_is_a_spec_error_on_its_line(template, value):
+    try:
+        parse_cluster_yaml(template.format(value), "c.yaml")
+    except SpecError as err:
+        assert (err.source, err.line) == ("c.yaml", 3), str(err)
+        assert err.fix
 
 
 # ----------------------------------------------------------------------------- regressions

@@ -5,11 +5,11 @@
     >>> [(n.host, n.slots, n.gpu_ids) for n in cluster.nodes]
     [('gpu-node-2', 2, (0, 1))]
 
-Three sources give one model: a DeepSpeed hostfile (`host slots=N`, read exactly as DeepSpeed's
-runner reads it), a cluster.yaml, or `--hosts a,b,c`. With none, this machine is a one-node
-cluster. DeepSpeed's `--include/--exclude` NODE_SPEC filters (`worker-0@worker-1:0,2`) apply to
-any source. Every value that can reach a remote shell is checked here, once, so that nothing a
-user did not ask for is ever executed.
+Three sources give one model: a DeepSpeed hostfile (`host slots=N`, read as DeepSpeed's runner
+reads it, but refusing what it would read only in part: `slots=8;reboot`), a cluster.yaml, or
+`--hosts a,b,c`. With none, this machine is a one-node cluster. DeepSpeed's `--include/--exclude`
+NODE_SPEC filters (`worker-0@worker-1:0,2`) apply to any source. Every value that can reach a
+remote shell is checked here, once, so that nothing a user did not ask for is ever executed.
 """
 
 from __future__ import annotations

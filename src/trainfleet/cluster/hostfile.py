@@ -1,5 +1,6 @@
 r"""DeepSpeed's hostfile (`host slots=N`) and its --include/--exclude NODE_SPEC filters
-(`worker-0@worker-1:0,2`), read as DeepSpeed's runner reads them.
+(`worker-0@worker-1:0,2`), read as DeepSpeed's runner reads them, but refusing what it would
+silently drop (`node-1 slots=8;reboot` is 8 slots to DeepSpeed, an error here).
 
     >>> parse_hostfile("gpu-node-1 slots=8\n# spare\ngpu-node-2 slots=8\n")
     {'gpu-node-1': (8, 1), 'gpu-node-2': (8, 3)}
@@ -14,32 +15,57 @@ from trainfleet.cluster.model import Node
 from trainfleet.cluster.validate import SLOTS_RE, check_host, metachars, parse_slots
 from trainfleet.errors import SpecError
 
-# DeepSpeed runner.py `_parse_hostfile` uses `^(\S+)\s+slots=(\d+)`; ASCII digits here.
-_HOSTFILE_LINE = re.compile(r"^(\S+)\s+slots=([0-9]+)")
+# DeepSpeed 0.19.8 runner.py `_parse_hostfile` searches each stripped line of `readlines()` for
+# `^(\S+)\s+slots=(\d+)` and ignores whatever follows the digits; ASCII digits here.
+_HOSTFILE_LINE = re.compile(r"(\S+)\s+slots=([0-9]+)")
+# What may follow the count: MPI's max_slots and a comment. Anything else (`slots=8;reboot`,
+# `slots=4xyz`, `slots=1 slots=2`, `slots=4٣`, a NUL) DeepSpeed would drop without a word, or
+# read as another number; here it is an error naming the line.
+_ALLOWED_TAIL = re.compile(r"(?:\s+max[_-]slots=[0-9]+)?\s*(?:#.*)?\Z", re.DOTALL)
+_LINE_FIX = (
+    "each line is `HOST slots=N` (DeepSpeed/MPI hostfile; MPI's `max_slots=M` and a `# comment`"
+    " may follow), a `#` comment or blank"
+)
+
+
+def _lines(text: str) -> list[str]:
+    """The lines DeepSpeed's `readlines()` gives: split at LF, CRLF and CR only (str.splitlines
+    also splits at a form feed, a vertical tab, U+2028 and others, and would find hosts there
+    that DeepSpeed does not see)."""
+    return text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+
+
+def _meta_note(text: str) -> str:
+    meta = metachars(text.replace(" ", "").replace("\t", ""))
+    return f" (it holds shell metacharacters {meta}; nothing was run)" if meta else ""
 
 
 def parse_hostfile(text: str, source: str = "hostfile") -> dict[str, tuple[int, int]]:
     """Hosts and slots, in file order, read as DeepSpeed's runner reads them.
 
     Returns {host: (slots, line)}. Stricter than DeepSpeed where DeepSpeed would go on with a
-    surprise: slots=0 and shell metacharacters are errors.
+    surprise: slots=0, shell metacharacters and text after the slot count other than MPI's
+    `max_slots=M` or a `# comment` are errors.
     """
     pool: dict[str, tuple[int, int]] = {}
-    for lineno, raw in enumerate(text.splitlines(), start=1):
+    for lineno, raw in enumerate(_lines(text), start=1):
         line = raw.strip()
         if line == "" or line.startswith("#"):
             continue
-        match = _HOSTFILE_LINE.search(line)
+        match = _HOSTFILE_LINE.match(line)
         if not match:
-            meta = metachars(line.replace(" ", "").replace("\t", ""))
+            raise SpecError(source, lineno, f"bad entry {line!r}{_meta_note(line)}", _LINE_FIX)
+        host = check_host(match.group(1), source, lineno)
+        tail = line[match.end() :]
+        if not _ALLOWED_TAIL.match(tail):
             raise SpecError(
                 source,
                 lineno,
-                f"bad entry {line!r}"
-                + (f" (it holds shell metacharacters {meta}; nothing was run)" if meta else ""),
-                "each line is `HOST slots=N` (DeepSpeed/MPI hostfile), a `#` comment or blank",
+                f"bad entry {line!r}: unexpected {tail!r} after `slots={match.group(2)}`"
+                + _meta_note(tail),
+                "remove it (DeepSpeed's runner reads no further than the count, and says"
+                f" nothing); {_LINE_FIX}",
             )
-        host = check_host(match.group(1), source, lineno)
         slots = parse_slots(match.group(2), source, lineno, host)
         if host in pool:
             raise SpecError(

@@ -15,6 +15,8 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from trainfleet.cluster.model import DEFAULT_MASTER_PORT, Cluster, Node, SshOptions
 from trainfleet.cluster.validate import (
     IFACE_RE,
@@ -107,7 +109,10 @@ def parse_cluster_yaml(text: str, source: str = "cluster.yaml") -> Cluster:
     base_dir = Path(source).resolve().parent
     doc = load_yaml_with_lines(text, source)
     if not isinstance(doc, LineDict):
-        raise SpecError(source, None, "must be a mapping with a `nodes:` list", EXAMPLE_FIX)
+        # A scalar does not know its line; the text parsed, so composing it again is safe.
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        line = root.start_mark.line + 1 if root is not None else 1
+        raise SpecError(source, line, "must be a mapping with a `nodes:` list", EXAMPLE_FIX)
     _check_keys(doc, _CLUSTER_KEYS, "the cluster", source)
     raw_nodes = doc.get("nodes")
     if not isinstance(raw_nodes, LineList) or not raw_nodes:

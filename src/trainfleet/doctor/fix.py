@@ -114,30 +114,39 @@ class FixPlan:
 
 
 # ----------------------------------------------------------------------------- host keys
-def _unknown_keys(report: DoctorReport) -> list[tuple[str, str, str, str]]:
-    """(target, known_hosts file, name, peer) for every ssh that failed on an unknown key."""
+def _unknown_keys(report: DoctorReport, plan: FixPlan) -> list[tuple[str, str, str, str]]:
+    """(target, known_hosts file, name, peer) for every ssh that failed on an unknown key. A
+    destination a node reports that is not a node of the cluster is left out, with a note."""
     survey = report.survey
     if survey is None:
         return []
+    nodes = {node.host: node for node in survey.cluster.nodes}
     found = []
     for host, result in survey.failed.items():
         name = unknown_key_name(result.stderr)
         if result.failure is Failure.HOSTKEY_UNKNOWN and name:
-            known = survey.cluster.node(host).ssh.known_hosts_file or DEFAULT_KNOWN_HOSTS
+            known = nodes[host].ssh.known_hosts_file or DEFAULT_KNOWN_HOSTS
             found.append((THIS_MACHINE, known, name, host))
     for src, facts in survey.facts.items():
         for dst, outcome in facts.active.ssh.items():
             name = unknown_key_name(outcome.stderr)
-            if name and dst not in survey.failed:
-                known = survey.cluster.node(dst).ssh.known_hosts_file or DEFAULT_KNOWN_HOSTS
-                found.append((src, known, name, dst))
+            if not name or dst in survey.failed:
+                continue
+            if dst not in nodes:  # the node's own word: no key is scanned or added for it
+                plan.not_done.append(
+                    f"host key of {dst[:60]!r}: {src} reports an ssh to it, but it is not a"
+                    " node of this cluster; ignored"
+                )
+                continue
+            known = nodes[dst].ssh.known_hosts_file or DEFAULT_KNOWN_HOSTS
+            found.append((src, known, name, dst))
     return found
 
 
 def plan_host_keys(report: DoctorReport, plan: FixPlan) -> None:
     survey = report.survey
     scanned: dict[tuple[str, int], list[str]] = {}
-    for target, known, name, peer in _unknown_keys(report):
+    for target, known, name, peer in _unknown_keys(report, plan):
         address = survey.addresses.get(peer) if survey else None
         if not address:
             plan.not_done.append(f"host key of {peer}: its address is unknown here")
@@ -257,7 +266,9 @@ def plan_fixes(report: DoctorReport, *, cluster_file: str | None = None) -> FixP
 
 def _left(finding: Finding) -> str:
     why = _NEVER.get(finding.id, "not a change --fix makes; see its fix above")
-    return f"{finding.id} [{', '.join(finding.nodes) or THIS_MACHINE}]: {why}"
+    # A finding may name what a node reported (an ssh destination): never raw to the terminal.
+    nodes = ", ".join(printable(node)[:60] for node in finding.nodes)
+    return f"{finding.id} [{nodes or THIS_MACHINE}]: {why}"
 
 
 def render_plan(plan: FixPlan) -> str:
