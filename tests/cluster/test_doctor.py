@@ -19,6 +19,9 @@ from trainfleet.cli.main import main
 from trainfleet.cluster import load_cluster
 from trainfleet.doctor import run_doctor
 from trainfleet.doctor.findings import Severity
+from trainfleet.examples import ALLREDUCE
+from trainfleet.remote import run_on_nodes
+from trainfleet.sandbox import hostile
 
 pytestmark = pytest.mark.cluster
 
@@ -289,3 +292,42 @@ def test_a_stale_jit_lock_stops_the_launch_and_fix_removes_only_it(make_sandbox,
     assert not lock.exists() and (extensions / "fused_adam").is_dir()  # the build is kept
     assert "jit-lock-stale" not in {f["id"] for f in fixed["after_fix"]["findings"]}
     assert code == 0
+
+
+def test_a_nodes_files_never_run_as_trainfleet_and_its_words_reach_the_terminal_as_text(
+    make_sandbox, capsys
+):
+    """gpu-node-2's home (where every ssh session starts) holds base64.py, json.py, pip.py,
+    torch.py...: the node-program loader and every Python trainfleet starts ran them, as the
+    user (review F3). gpu-node-3's `import torch` fails with escape sequences in its error:
+    trainfleet's own summary of it reached the terminal raw, retitling and clearing it (review
+    F9; the ranks' own lines are shown as they are, as ssh shows them). (doctor's rendering of
+    the same text is tested in tests/unit/test_doctor_report.py: a full doctor here waits the
+    collective's 60 s bound for the node whose torch does not import.)"""
+    box = make_sandbox(nodes=3, faults=["planted-modules@2", "torch-import-error@3"])
+    cluster = load_cluster(cluster_file=str(box.cluster_file))
+    marks = box.state_dir / "nodes" / "gpu-node-2" / hostile.MARKS
+    # The planted files are real: a plain `python -c` in a session there runs them.
+    plain = run_on_nodes([cluster.node("gpu-node-2")], [sys.executable, "-c", "import json"])
+    assert plain[0].ok and sorted(p.name for p in marks.iterdir()) == ["json"]
+    (marks / "json").unlink()
+
+    assert main(["doctor", "-c", str(box.cluster_file), "--quick"]) == 0  # probes everywhere
+    launch = [sys.executable, "-m", "trainfleet", "launch", "-c", str(box.cluster_file)]
+    failed = subprocess.run(
+        [*launch, "--", str(ALLREDUCE)], capture_output=True, text=True, timeout=180
+    )
+    done = subprocess.run(
+        [*launch, "-e", "gpu-node-3", "--", str(ALLREDUCE)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    summary = failed.stderr  # trainfleet's own lines (the ranks' go to stdout)
+    assert "root cause: gpu-node-3: ImportError: ?]0;owned by gpu-node??[2J?[H?[32m" in summary
+    assert not any(c in summary for c in "\x1b\x07")
+    assert "\x1b]0;owned" in failed.stdout  # (what the rank printed, as it printed it)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted(p.name for p in marks.iterdir()) == []

@@ -171,39 +171,84 @@ def test_a_changed_host_key_is_shown_old_and_new_and_needs_more_than_yes(
     assert key in lines and old_key not in lines
 
 
-HOSTILE_NAMES = {"gpu-node-2": "*", "gpu-node-3": "gpu-node-3\n@cert-authority *"}
-"""What root on a node can make `hostname` print (the kernel takes a newline in it)."""
+def _known_hosts_lines(box: sandbox.Sandbox) -> dict[Path, list[str]]:
+    """Every known_hosts file of this machine and the nodes, as lines."""
+    homes = [box.home, *(box.state_dir / "nodes" / n.hostname / "home" for n in box.nodes)]
+    files = [Path(p) for p in _tree(*homes) if p.endswith("known_hosts")]
+    return {path: [ln for ln in path.read_text().splitlines() if ln.strip()] for path in files}
 
 
-def test_a_node_that_says_its_hostname_is_a_pattern_is_not_trusted_under_it(
+def _rename(box: sandbox.Sandbox, host: str, name: str) -> None:
+    """What root on the node can do: `hostname` answers `name` from now on."""
+    sshd = str(box.sshd_pid(host))
+    rename = f"import socket; socket.sethostname({name!r})"
+    subprocess.run(["nsenter", "-t", sshd, "-u", sys.executable, "-c", rename], check=True)
+
+
+def test_a_node_cannot_choose_the_names_its_key_is_trusted_under_nor_pass_yes_with_another_key(
     make_box, capsys, monkeypatch
 ):
-    """Root on a node sets its hostname: `*` in known_hosts would trust that node's key for
-    every host this machine and the other nodes ever ssh to, and a newline would add a line of
-    the node's choosing, here a CA for every host (#17)."""
-    box = make_box(6, nodes=3, auth="password")
-    for host, name in HOSTILE_NAMES.items():
-        sshd = str(box.sshd_pid(host))
-        rename = f"import socket; socket.sethostname({name!r})"
-        subprocess.run(["nsenter", "-t", sshd, "-u", sys.executable, "-c", rename], check=True)
+    """Root on a node sets its hostname: gpu-node-2 calling itself gpu-node-1 had its key
+    trusted as gpu-node-1 on this machine and every node, `*` would trust it for every host and
+    a newline would add a line of its choosing (#17, review F1). A man in the middle offering
+    an ECDSA key where an Ed25519 one is known passed --yes as a "new" key (review F2)."""
+    box = make_box(6, nodes=3, auth="password",
+                   faults=["hostname-impostor@2", "ssh-hostkey-type-changed@3"])  # fmt: skip
+    node3 = box.state_dir / "nodes" / "gpu-node-3"
+    ecdsa = (node3 / "ssh_host_ecdsa_key.pub").read_text().split()[1]
+    known = box.home / ".ssh" / "known_hosts"
+    before = _tree(box.home, box.state_dir / "nodes")
     password = box.password_file.read_text()
-    argv = ["setup", "ssh", "-c", str(box.cluster_file), "--password-stdin", "--yes", "--json"]
+    argv = ["setup", "ssh", "-c", str(box.cluster_file), "--password-stdin", "--yes"]
 
     code, out, err = _run(argv, capsys, monkeypatch, stdin=password)
 
+    assert code == 1, (out, err)
+    assert "gpu-node-3 (known as gpu-node-3, " in out and ": CHANGED" in out
+    assert "was: ssh-ed25519 SHA256:" in out and "now: ecdsa-sha2-nistp256 SHA256:" in out
+    assert "--yes does not replace CHANGED host keys" in out
+    assert _tree(box.home, box.state_dir / "nodes") == before  # no key, no line, no login
+    assert ecdsa not in known.read_text()
+
+    code, out, err = _run(
+        [*argv, "--replace-changed-host-keys", "--json"], capsys, monkeypatch, stdin=password
+    )
+
     doc = json.loads(out)
     assert code == 0, (doc, err)
-    for host, name in HOSTILE_NAMES.items():
-        said = f"{host} says its hostname is {name!r}, which is not a host name"
-        assert any(said in n for n in doc["notes"]), doc["notes"]
-    homes = [box.home, *(box.state_dir / "nodes" / n.hostname / "home" for n in box.nodes)]
-    known = [Path(p) for p in _tree(*homes) if p.endswith("known_hosts")]
-    assert len(known) == 4, known  # this machine's and each node's
-    for path in known:
-        lines = [line for line in path.read_text().splitlines() if line.strip()]
-        names = {line.split()[0] for line in lines}
-        assert {"gpu-node-2", "gpu-node-3"} <= names, names
-        assert not any("*" in n or n.startswith("@") for n in names), lines
+    said = "gpu-node-2 says its hostname is 'gpu-node-1', which is a name of gpu-node-1"
+    assert any(said in note for note in doc["notes"]), doc["notes"]
+    node_keys = {
+        n.hostname: (box.state_dir / "nodes" / n.hostname / "ssh_host_ed25519_key.pub")
+        for n in box.nodes[:2]
+    }
+    key_of = {host: path.read_text().split()[1] for host, path in node_keys.items()}
+    key_of["gpu-node-3"] = ecdsa
+    tables = _known_hosts_lines(box)
+    assert len(tables) == 4, tables  # this machine's and each node's
+    for path, lines in tables.items():
+        for line in lines:
+            name, _, key = line.split()
+            owner = next(n for n in box.nodes if name in (n.hostname, n.address))
+            assert key == key_of[owner.hostname], (path, line)  # every name: its own node's key
+        assert {ln.split()[0] for ln in lines} == {
+            *(n.hostname for n in box.nodes),
+            *(n.address for n in box.nodes),
+        }, path
+
+    hostile = {"gpu-node-2": "github.com", "gpu-node-3": "gpu-node-3\n@cert-authority *"}
+    for host, name in hostile.items():
+        _rename(box, host, name)
+
+    code, out, err = _run([*argv, "--json"], capsys, monkeypatch, stdin=password)
+
+    doc = json.loads(out)
+    assert code == 0, (doc, err)
+    assert doc["changes"] == []
+    assert any("'github.com', which resolves here to" in note for note in doc["notes"])
+    newline = "'gpu-node-3\\n@cert-authority *', which is not a host name"
+    assert any(newline in note for note in doc["notes"]), doc["notes"]
+    assert _known_hosts_lines(box) == tables
 
 
 def _iptables(box: sandbox.Sandbox, which: int) -> list[str]:

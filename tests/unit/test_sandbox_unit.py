@@ -33,9 +33,12 @@ def test_bad_faults_are_clear_errors(text):
     assert err.value.fix
 
 
-def test_every_fault_maps_to_a_catalogued_pitfall():
-    assert {kind.pitfall_id for kind in FAULTS.values()} <= set(CATALOG)
-    assert all(isinstance(kind.pitfall_id, FindingId) for kind in FAULTS.values())
+def test_every_fault_maps_to_a_catalogued_pitfall_or_is_a_hostile_node():
+    pitfalls = {name: kind.pitfall_id for name, kind in FAULTS.items() if kind.pitfall_id}
+    assert set(pitfalls.values()) <= set(CATALOG)
+    assert all(isinstance(pitfall, FindingId) for pitfall in pitfalls.values())
+    hostile_ones = {name for name, kind in FAULTS.items() if kind.pitfall_id is None}
+    assert hostile_ones == {"hostname-impostor", "planted-modules"}
 
 
 def test_firewall_rules_pass_ssh_and_master_port_only_for_the_ports_fault():

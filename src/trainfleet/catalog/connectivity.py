@@ -47,7 +47,7 @@ ENTRIES: dict[FindingId, Entry] = {
         detect="the same ssh; ssh's stderr",
         fix="once the new fingerprint is confirmed, `ssh-keygen -R HOST` (never done for you)",
         sandbox=Sandbox(
-            faults=("ssh-hostkey-changed",),
+            faults=("ssh-hostkey-changed", "ssh-hostkey-type-changed"),
             tests=(*_DOCTOR, "test_sandbox_exec.py", "test_setup.py"),
         ),
         fixed_by="setup ssh",

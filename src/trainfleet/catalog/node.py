@@ -28,7 +28,9 @@ ENTRIES: dict[FindingId, Entry] = {
         "environment that has it",
         fixed_by="setup pyenv",
         sandbox=Sandbox(
-            setup="a node's `python:` set to an interpreter without torch", tests=_DOCTOR
+            faults=("torch-import-error",),
+            setup="a node's `python:` set to an interpreter without torch",
+            tests=_DOCTOR,
         ),
     ),
     FindingId.CUDA_HOME_MISSING: Entry(

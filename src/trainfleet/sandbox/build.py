@@ -23,7 +23,7 @@ from pathlib import Path
 from trainfleet import node as node_programs
 from trainfleet.cluster import DEFAULT_MASTER_PORT
 from trainfleet.errors import SandboxError
-from trainfleet.sandbox import cpu, files, netns, users
+from trainfleet.sandbox import cpu, files, hostile, netns, users
 from trainfleet.sandbox.faults import (
     BARE_PATH,
     DECOYS,
@@ -79,8 +79,8 @@ def plan_nodes(
     ]
 
 
-def _keygen(path: Path) -> str:
-    netns.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", path.name, "-f", str(path)])
+def _keygen(path: Path, kind: str = "ed25519") -> str:
+    netns.run(["ssh-keygen", "-q", "-t", kind, "-N", "", "-C", path.name, "-f", str(path)])
     return " ".join(path.with_suffix(".pub").read_text().split()[:2])
 
 
@@ -258,9 +258,16 @@ def _build(sandbox: Sandbox) -> None:
         ns = node.netns
         node_dir = state / "nodes" / node.hostname
         node_dir.mkdir(parents=True, exist_ok=True)
-        host_keys[node.index] = _keygen(node_dir / "ssh_host_ed25519_key")
-        if user is not None:
-            users.make_node_home(node_dir, user)
+        host_key = "ssh_host_ed25519_key"
+        if node.index in _faulted(sandbox, "ssh-hostkey-type-changed"):
+            host_key = "ssh_host_ecdsa_key"
+            host_keys[node.index] = _keygen(node_dir / host_key, "ecdsa")
+        else:
+            host_keys[node.index] = _keygen(node_dir / host_key)
+        login_dir = users.make_node_home(node_dir, user) if user else node_dir / "login"
+        if node.index in _faulted(sandbox, "planted-modules"):
+            login_dir.mkdir(mode=0o700, exist_ok=True)
+            hostile.plant_modules(login_dir, node_dir)
         netns.run(["ip", "netns", "add", ns])
         if node.index in _faulted(sandbox, "decoy-iface"):
             _add_decoys(ns)  # first, so they come before the data interface, as on real hosts
@@ -294,15 +301,20 @@ def _build(sandbox: Sandbox) -> None:
         _write(Path("/etc/netns") / ns / "hosts", hosts)
         bare_env = node.index in _faulted(sandbox, "remote-env-differs")
         shell = "/bin/sh" if bare_env else sandbox.login_shell
-        if shell:
-            _write(Path("/etc/netns") / ns / "passwd", _passwd_with_root_shell(shell))
+        # root's sessions start in its home: on a planted node, the directory planted.
+        home = login_dir if user is None and login_dir.exists() else None
+        if shell or home:
+            _write(Path("/etc/netns") / ns / "passwd", _passwd_for_root(shell, home))
         trust = node.index not in _faulted(sandbox, "ssh-auth-failed")
+        broken = node.index in _faulted(sandbox, "torch-import-error")
         sshd_config = files.sshd_config_text(
             node,
             state,
             trust=trust,
             path=BARE_PATH if bare_env else None,
             password_user=user.name if user else None,
+            host_key=host_key,
+            pythonpath=str(hostile.broken_torch(node_dir)) if broken else None,
         )
         _write(node_dir / "sshd_config", sshd_config)
     if user is not None:
@@ -316,12 +328,15 @@ def _build(sandbox: Sandbox) -> None:
     _start_port_holders(sandbox)
 
 
-def _passwd_with_root_shell(shell: str) -> str:
-    lines = Path("/etc/passwd").read_text().splitlines()
-    return "".join(
-        (":".join([*ln.split(":")[:6], shell]) if ln.startswith("root:") else ln) + "\n"
-        for ln in lines
-    )
+def _passwd_for_root(shell: str | None, home: Path | None) -> str:
+    """This machine's /etc/passwd with root's login shell and home replaced where given."""
+    lines = []
+    for line in Path("/etc/passwd").read_text().splitlines():
+        fields = line.split(":")
+        if fields[0] == "root" and len(fields) == 7:
+            fields[5], fields[6] = str(home or fields[5]), shell or fields[6]
+        lines.append(":".join(fields) + "\n")
+    return "".join(lines)
 
 
 def _write_client_files(sandbox: Sandbox, host_keys: dict[int, str]) -> None:
@@ -331,13 +346,18 @@ def _write_client_files(sandbox: Sandbox, host_keys: dict[int, str]) -> None:
         if node.index in _faulted(sandbox, "ssh-hostkey-unknown"):
             continue
         key = host_keys[node.index]
-        if node.index in _faulted(sandbox, "ssh-hostkey-changed"):
+        if node.index in _faulted(sandbox, "ssh-hostkey-changed") | _faulted(
+            sandbox, "ssh-hostkey-type-changed"
+        ):
             key = _keygen(state / "nodes" / node.hostname / "previous_host_key")
         known.append((node, key))
     _write(state / "hostfile", files.hostfile_text(sandbox.nodes, sandbox.slots))
     if sandbox.auth == "password":
         # Nothing is known on fresh servers; a changed key is one trusted before a reinstall.
-        changed = [(n, k) for n, k in known if n.index in _faulted(sandbox, "ssh-hostkey-changed")]
+        was_known = _faulted(sandbox, "ssh-hostkey-changed") | _faulted(
+            sandbox, "ssh-hostkey-type-changed"
+        )
+        changed = [(n, k) for n, k in known if n.index in was_known]
         if changed:
             (sandbox.home / ".ssh").mkdir(mode=0o700, exist_ok=True)
             _write(sandbox.home / ".ssh" / "known_hosts", files.known_hosts_text(changed), 0o600)
@@ -389,10 +409,13 @@ def _add_decoys(ns: str) -> None:
 def _start_sshds(sandbox: Sandbox) -> None:
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation dir
     down_nodes = _faulted(sandbox, "node-down")
+    impostors = _faulted(sandbox, "hostname-impostor")
+    hostnames = [node.hostname for node in sandbox.nodes]
     starting = []
     for node in sandbox.nodes:
         if node.index in down_nodes:
             continue
+        said = hostile.claimed_name(hostnames, node.index) if node.index in impostors else None
         node_dir = sandbox.state_dir / "nodes" / node.hostname
         # Own UTS namespace: every ssh session into the node sees its hostname; own mount
         # namespace: the node-local directory, if any, is private to it.
@@ -410,7 +433,7 @@ def _start_sshds(sandbox: Sandbox) -> None:
             node.netns,
             [
                 "unshare", "--uts", "--mount", "sh", "-c", script, "sh",
-                node.hostname, netns.SSHD, str(node_dir / "sshd_config"),
+                said or node.hostname, netns.SSHD, str(node_dir / "sshd_config"),
                 str(node_dir / "sshd.log"), str(node_dir / "local"),
                 sandbox.node_local_dir or "", str(node_dir / "home"), str(sandbox.home),
             ],

@@ -17,8 +17,9 @@ from trainfleet.errors import SandboxError
 
 @dataclass(frozen=True, slots=True)
 class FaultKind:
-    pitfall_id: FindingId
-    """The finding id doctor must report for it (docs/findings.md)."""
+    pitfall_id: FindingId | None
+    """The finding id doctor must report for it (docs/findings.md); None for a hostile node
+    (`sandbox/hostile.py`), which tests trainfleet's trust rules rather than a pitfall."""
     default_node: str
     """'first' (the master) or 'last'."""
     what: str
@@ -49,6 +50,12 @@ FAULTS: dict[str, FaultKind] = {
     "ssh-hostkey-changed": FaultKind(
         FindingId.SSH_HOSTKEY_CHANGED, "last", "known_hosts holds another key than the node's"
     ),
+    "ssh-hostkey-type-changed": FaultKind(
+        FindingId.SSH_HOSTKEY_CHANGED,
+        "last",
+        "sshd offers only an ECDSA key where known_hosts holds an Ed25519 one (a man in the "
+        "middle that offers another key type)",
+    ),
     "ssh-hostkey-unknown": FaultKind(
         FindingId.SSH_HOSTKEY_UNKNOWN, "last", "known_hosts has no entry for the node"
     ),
@@ -78,6 +85,20 @@ FAULTS: dict[str, FaultKind] = {
         FindingId.HOSTNAME_UNRESOLVABLE,
         "first",
         "the master's /etc/hosts names no IPv4-mapped address (c10d's `err=-3` on every rank)",
+    ),
+    "hostname-impostor": FaultKind(
+        None, "last", "`hostname` on the node answers another node's name (root there sets any)"
+    ),
+    "planted-modules": FaultKind(
+        None,
+        "last",
+        "the node's home, where its ssh sessions start, holds base64.py, json.py, pip.py, ... "
+        "(a home on storage other nodes write)",
+    ),
+    "torch-import-error": FaultKind(
+        FindingId.TORCH_MISSING,
+        "last",
+        "`import torch` fails on the node with terminal escape sequences in its error text",
     ),
     "remote-env-differs": FaultKind(
         FindingId.REMOTE_ENV_DIFFERS,

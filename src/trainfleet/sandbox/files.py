@@ -39,9 +39,13 @@ def sshd_config_text(
     trust: bool,
     path: str | None = None,
     password_user: str | None = None,
+    host_key: str = "ssh_host_ed25519_key",
+    pythonpath: str | None = None,
 ) -> str:
     """`password_user`: sshd accepts only that user, with its password, and the keys in its
-    own ~/.ssh/authorized_keys (none at first), as fresh servers do; root cannot log in."""
+    own ~/.ssh/authorized_keys (none at first), as fresh servers do; root cannot log in.
+    `host_key`: the file in the node's directory; `path`, `pythonpath`: what every session
+    gets as PATH and PYTHONPATH."""
     node_dir = state / "nodes" / node.hostname
     authorized = state / "authorized_keys" if trust else Path("/nonexistent/authorized_keys")
     if password_user:
@@ -62,7 +66,7 @@ def sshd_config_text(
             f"# sshd for sandbox node {node.hostname} (written by `trainfleet sandbox up`)",
             f"ListenAddress {node.address}",
             "Port 22",
-            f"HostKey {node_dir / 'ssh_host_ed25519_key'}",
+            f"HostKey {node_dir / host_key}",
             f"PidFile {node_dir / 'sshd.pid'}",
             *login,
             "KbdInteractiveAuthentication no",
@@ -76,6 +80,7 @@ def sshd_config_text(
             "Subsystem sftp internal-sftp",
             "LogLevel ERROR",
             *([f"SetEnv PATH={path}"] if path else []),
+            *([f"SetEnv PYTHONPATH={pythonpath}"] if pythonpath else []),
             "",
         ]
     )
