@@ -39,6 +39,7 @@ from trainfleet.setup import askpass, hostkeys, verify
 from trainfleet.setup.jobs import JOB_ARGV, JOB_TIMEOUT_S, job_line, node_job, run_jobs
 from trainfleet.setup.launchside import this_machine
 from trainfleet.setup.result import Confirm, SetupResult
+from trainfleet.untrusted import valid_name
 
 Password = Callable[[list[str]], str]
 """password(nodes that need it) -> the password; raises SetupError when none can be had."""
@@ -132,13 +133,15 @@ def _own_hostnames(
     nothing against it; else a note says why not. Root on a node sets its hostname: `*` would
     trust its key for every host, `gpu-node-1` or `github.com` would let it stand in for them."""
     here = {socket.gethostname().lower()}
-    new = {
-        host: name
-        for host, name in hostnames.items()
-        if name.lower() not in {n.lower() for n in targets[host].bare_names}
-    }
+    new = sorted(
+        {
+            name
+            for host, name in hostnames.items()
+            if valid_name(name) and name.lower() not in map(str.lower, targets[host].bare_names)
+        }
+    )
     with ThreadPoolExecutor(max_workers=16) as pool:  # a resolver that does not answer waits
-        resolved = dict(zip(new.values(), pool.map(hostkeys.ipv4s, new.values()), strict=True))
+        resolved = dict(zip(new, pool.map(hostkeys.ipv4s, new), strict=True))
     for host, name in hostnames.items():
         target = targets[host]
         others = [t for h, t in targets.items() if h != host]
@@ -148,12 +151,13 @@ def _own_hostnames(
         if why is None:
             target.machine_hostname = name
             continue
-        fix = (
-            "set a plain name there with hostnamectl"
-            if why == "is not a host name"
-            else "reach it by a name in the cluster spec, or give its name this machine's "
-            "/etc/hosts entry or DNS record for its address"
-        )
+        if why.startswith("resolves here"):
+            fix = "reach it by a name in the cluster spec, or give that name an /etc/hosts "
+            fix += "entry or DNS record here for its address"
+        elif why.startswith("is a name of"):
+            fix = "check that node: two machines with one name, or one claiming another's"
+        else:
+            fix = "set a plain name there with hostnamectl"
         result.note(
             f"{host} says its hostname is {name[:80]!r}, which {why}: its key is not"
             f" trusted under that name ({fix})"
