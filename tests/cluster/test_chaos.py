@@ -258,11 +258,12 @@ def test_the_output_filling_up_at_a_checkpoint(make_sandbox, tmp_path, assets, r
         subprocess.run(["mount", "-o", f"remount,{size}", str(output)], check=True)
         failed = run.when(r"failed \(exit code")
         print(f"detected after {failed - injected:.1f} s")  # docs/status.md's figure (-v -s)
-        # From the fault, the ranks first train up to the next save (4 steps: seconds alone,
-        # 11-13 s beside the other worker's compiles on this 2-core machine); the stop itself
-        # is what must be quick: from the rank's refusal to every rank stopped.
-        stopped = failed - run.when("the next checkpoint needs about")
-        assert stopped < 10, stopped
+        # The stop must come from the ranks' refusal, not from the hang detector's timeout (a
+        # wall-clock bound here failed CI at 10.04 s beside the other worker's compiles, 4 s
+        # alone: the time is docs/status.md's figure, the cause is what this test checks).
+        refused = run.when("the next checkpoint needs about")
+        before = "\n".join(line for at, line in run.lines if at <= failed)
+        assert refused <= failed and "no rank advanced a step" not in before, run.text()
         assert (output / "latest").read_text().strip() == "checkpoint-4"
         assert not (output / "checkpoint-8").exists()
         assert "the next checkpoint needs about" in run.text()
