@@ -491,7 +491,7 @@ def test_setup_with_no_step_takes_bare_servers_to_a_first_training_step_and_agai
     doc = json.loads(out)
     assert code == 0 and doc["stopped"] is None, (doc, err[-3000:])
     steps = {s["step"]: s for s in doc["steps"]}
-    assert list(steps) == ["ssh", "hostfile", "env", "pyenv", "firewall", "sync"]
+    assert list(steps) == ["ssh", "hostfile", "env", "pyenv", "firewall", "hosts", "sync"]
     assert all(s["seconds"] > 0 for s in steps.values()), steps
     installed = _changes(steps["pyenv"])
     ops = "fused_adam, deepspeed_shm_comm"
@@ -502,6 +502,7 @@ def test_setup_with_no_step_takes_bare_servers_to_a_first_training_step_and_agai
                         installed["gpu-node-1"][1]), installed  # fmt: skip
     assert installed["gpu-node-2"][1] == f"DeepSpeed ops {ops}: copied from gpu-node-1"
     assert list(_changes(steps["firewall"])) == ["gpu-node-1"]
+    assert _changes(steps["hosts"]) == {}  # the sandbox's /etc/hosts names the mapped addresses
     assert sorted(_changes(steps["sync"])) == ["gpu-node-1", "gpu-node-2"]
     report = doc["doctor"]
     assert report["exit_code"] == 0 and "collective" in report["phases"], report
@@ -549,3 +550,58 @@ def test_setup_with_no_step_takes_bare_servers_to_a_first_training_step_and_agai
     assert code == 0 and doc["findings"] == [], (doc, err[-2000:])
     assert _changes(doc) == {"gpu-node-2": [f"installed 1 package(s): hjson {HJSON}"]}, doc
     assert [p.name for p in site.glob("hjson-*.dist-info")] == [f"hjson-{HJSON}.dist-info"]
+
+
+def _etc_hosts(box: sandbox.Sandbox) -> dict[int, str]:
+    return {i: Path(f"/etc/netns/{box.node(i).netns}/hosts").read_text() for i in (1, 2)}
+
+
+def test_setup_hosts_where_dns_never_answers_and_revert_restores_etc_hosts_exactly(
+    make_box, tmp_path, capsys, monkeypatch
+):
+    """Both nodes' resolver takes queries and never answers (`dns-unreachable`: glibc's 5 s x 2
+    tries), as on air-gapped clusters. doctor warns with the seconds a launch loses, and a
+    launch's plan says so; `setup hosts` adds a line per missing name (the master: every node's,
+    its own included; the other node: the master's), recorded; then no warning, a launch prints
+    no `err=-3` and a second run changes nothing; --revert restores both nodes' /etc/hosts byte
+    for byte."""
+    box = make_box(7, nodes=2, faults=["dns-unreachable@1", "dns-unreachable@2"])
+    cluster_file = tmp_path / "cluster.yaml"
+    shutil.copy(box.cluster_file, cluster_file)
+    original = _etc_hosts(box)
+    report = run_doctor(load_cluster(cluster_file=str(cluster_file)), quick=True)
+    (warning,) = [f for f in report.findings if f.id.value == "hostname-unresolvable"]
+    assert "err=-3" in "\n".join(warning.evidence), warning
+    assert set(warning.nodes) == {"gpu-node-1", "gpu-node-2"}, warning
+    assert "about 20 s more to start" in "\n".join(warning.evidence), warning
+    code, planned = _launch("-c", str(cluster_file), "--dry-run")
+    assert code == 0 and "this launch about 20 s more to start" in planned, planned
+    argv = ["setup", "hosts", "-c", str(cluster_file)]
+
+    code, out, _ = _run([*argv, "--yes", "--json"], capsys, monkeypatch)
+
+    doc = json.loads(out)
+    assert code == 0 and doc["findings"] == [], doc
+    one, two = box.node(1).address, box.node(2).address
+    assert _changes(doc) == {
+        "gpu-node-1": [  # its own too: the master's own ranks connect to its store
+            f"added to /etc/hosts: ::ffff:{one} gpu-node-1-ipv4-mapped",
+            f"added to /etc/hosts: ::ffff:{two} gpu-node-2-ipv4-mapped",
+        ],
+        "gpu-node-2": [f"added to /etc/hosts: ::ffff:{one} gpu-node-1-ipv4-mapped"],
+    }
+    assert sorted(json.loads((tmp_path / "cluster.yaml.hosts.json").read_text())["nodes"]) == [
+        "gpu-node-1", "gpu-node-2"]  # fmt: skip
+    code, launched = _launch("-c", str(cluster_file), "--run-dir", str(tmp_path / "run"))
+    assert code == 0 and "all 2 rank(s) on 2 node(s) finished" in launched, launched
+    assert "err=-3" not in launched and "setup hosts" not in launched, launched
+    code, out, _ = _run(argv + ["--yes"], capsys, monkeypatch)
+    assert code == 0 and out.startswith("trainfleet setup hosts: nothing changed"), out
+
+    code, out, _ = _run([*argv, "--revert", "--json"], capsys, monkeypatch)
+
+    doc = json.loads(out)
+    assert code == 0 and sorted(_changes(doc)) == ["gpu-node-1", "gpu-node-2"], doc
+    assert _etc_hosts(box) == original
+    assert not (tmp_path / "cluster.yaml.hosts.json").exists()
+    assert [f["id"] for f in doc["findings"]] == ["hostname-unresolvable"]  # back, as before

@@ -69,7 +69,7 @@ def test_setup_steps_skip_the_tcp_tests_only_where_no_check_of_theirs_reads_them
     drops) unless one of its checks reads what they measure."""
     reads_tcp = {network.check_firewall, network.check_port_in_use, transport.check_slow_link}
     sets = [v for v in vars(verify).values() if isinstance(v, verify.CheckSet)]
-    assert len(sets) == 6
+    assert len(sets) == 7
     for check_set in sets:
         assert check_set.tcp == any(c in reads_tcp for c in check_set.checks), check_set.label
     assert [s.label for s in sets if s.tcp] == [verify.FIREWALL.label]

@@ -70,10 +70,11 @@ def test_every_step_in_order_each_reading_the_cluster_file_the_hostfile_step_wro
                             code_dir="/code")  # fmt: skip
     assert steps.ran == [("ssh", "given.yaml"), ("hostfile", "given.yaml"),
                          ("env", "written.yaml"), ("pyenv", "written.yaml"),
-                         ("firewall", "written.yaml"), ("sync", "written.yaml")]  # fmt: skip
+                         ("firewall", "written.yaml"), ("hosts", "written.yaml"),
+                         ("sync", "written.yaml")]  # fmt: skip
     assert run.exit_code == 0 and run.changed and len(doctor_runs) == 1
     seconds = [step["seconds"] for step in run.to_json()["steps"]]
-    assert len(seconds) == 6 and all(isinstance(s, float) and s >= 0 for s in seconds)
+    assert len(seconds) == 7 and all(isinstance(s, float) and s >= 0 for s in seconds)
     text = every.render(run)
     assert "doctor (full, 0.0 s): no problems found" in text
     assert text.endswith("trainfleet setup: changes made")
@@ -83,7 +84,7 @@ def test_sync_only_for_a_code_directory_the_user_named(doctor_runs):
     steps = Steps()
     run = every.setup_every(_load, cluster_file=None, confirm=NONE, run_step=steps,
                             code_dir=None)  # fmt: skip
-    assert [s for s, _ in steps.ran] == ["ssh", "hostfile", "env", "pyenv", "firewall"]
+    assert [s for s, _ in steps.ran] == ["ssh", "hostfile", "env", "pyenv", "firewall", "hosts"]
     assert "--code DIR" in run.skipped["sync"] and run.exit_code == 0
 
 
@@ -122,7 +123,7 @@ def test_a_dry_run_goes_past_a_step_that_cannot_look_yet_and_changes_nothing(doc
     steps = Steps(fail={"hostfile": "raise", "env": "raise"})
     run = every.setup_every(_load, cluster_file=None, confirm=NONE, run_step=steps,
                             code_dir=None, dry_run=True)  # fmt: skip
-    assert [s for s, _ in steps.ran] == ["ssh", "hostfile", "env", "pyenv", "firewall"]
+    assert [s for s, _ in steps.ran] == ["ssh", "hostfile", "env", "pyenv", "firewall", "hosts"]
     assert run.skipped["hostfile"].startswith("cannot look yet: hostfile cannot reach")
     assert run.exit_code == 0 and not run.changed and doctor_runs == []
     assert every.render(run).endswith("trainfleet setup (dry run): nothing was changed")

@@ -144,11 +144,13 @@ ENTRIES: dict[FindingId, Entry] = {
         title="a name the job needs does not resolve",
         seen="`Name or service not known`, `hostname of the client socket cannot be retrieved`",
         detect="each node resolves its own name and the master's; the master names its "
-        "clients' IPv4-mapped addresses; ssh's `Could not resolve hostname`",
-        fix="/etc/hosts entries (the finding gives the lines), or addresses instead of names",
+        "clients' IPv4-mapped addresses, every other node the master's, timed against its "
+        "resolver's settings; ssh's `Could not resolve hostname`",
+        fix="/etc/hosts entries (the finding gives the lines; `trainfleet setup hosts` adds "
+        "the IPv4-mapped ones), or addresses instead of names",
         sandbox=Sandbox(
-            faults=("hostname-unresolvable", "client-name-unresolvable"),
-            tests=(*_DOCTOR, "test_sandbox_faults.py"),
+            faults=("hostname-unresolvable", "client-name-unresolvable", "dns-unreachable"),
+            tests=(*_DOCTOR, "test_sandbox_faults.py", "test_setup.py"),
         ),
     ),
     FindingId.FIREWALL_BLOCKS_PORTS: Entry(

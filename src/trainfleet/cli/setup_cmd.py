@@ -1,10 +1,12 @@
-"""`trainfleet setup [ssh|hostfile|env|pyenv|firewall]`: from fresh servers to a clean doctor.
+"""`trainfleet setup [ssh|hostfile|env|pyenv|firewall|hosts]`: from fresh servers to a clean
+doctor.
 
 trainfleet setup -c cluster.yaml --yes          (every step, then the full doctor)
 trainfleet setup ssh -c cluster.yaml
 trainfleet setup pyenv -c cluster.yaml --venv /opt/envs/train -r requirements.txt
 trainfleet setup hostfile --hosts gpu-node-1,gpu-node-2 --out hostfile
 trainfleet setup firewall -c cluster.yaml --apply
+trainfleet setup hosts -c cluster.yaml --revert
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from trainfleet.cli.common import CLUSTER_YAML_EXAMPLE, add_cluster_arguments, c
 from trainfleet.errors import SetupError
 
 HELP = (
-    "ssh trust, host keys, hostfile, per-node env, the training environment, firewall rule: "
-    "each checked by doctor"
+    "ssh trust, host keys, hostfile, per-node env, the training environment, firewall rule, "
+    "/etc/hosts names c10d looks up: each checked by doctor"
 )
 DESCRIPTION = """\
 What the seeds do by hand, as commands that show what they change, change only what is
@@ -42,6 +44,11 @@ their fingerprints; --yes: none; --dry-run: only the list):
             data interface, for the active firewall (iptables, nftables, ufw, firewalld);
             printed, or with --apply added (and recorded); --revert removes exactly that.
             A firewall is never disabled.
+  hosts     where a node's resolver cannot name the IPv4-mapped addresses c10d looks up
+            (doctor's `err=-3` warning: without an answering DNS server every process
+            that joins a launch waits out one lookup), a line per address in /etc/hosts
+            under a name of its own, e.g. `::ffff:10.0.0.12 gpu-node-2-ipv4-mapped`;
+            shown, added, recorded; --revert removes exactly those lines.
   pyenv     this machine's training environment on every node (torch, deepspeed,
             transformers, ... and -r FILE's packages, what they require, at this machine's
             versions) in --venv PATH (default: this machine's venv path), from wheels
@@ -193,7 +200,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the code directory to copy to nodes that do not share it (default: cluster.yaml's"
         " workdir; neither: no sync)",
     )
-    sub = parser.add_subparsers(dest="step", metavar="ssh|hostfile|env|pyenv|firewall")
+    sub = parser.add_subparsers(dest="step", metavar="ssh|hostfile|env|pyenv|firewall|hosts")
     steps = []
     steps.append(
         ssh := sub.add_parser("ssh", help="every node trusts every node (keys, host keys)")
@@ -248,6 +255,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="where --apply records what it added (default: CLUSTER.yaml.firewall.json next to "
         "-c, else ~/.trainfleet/firewall.json)",
+    )
+    steps.append(
+        hosts := sub.add_parser("hosts", help="/etc/hosts names for the addresses c10d looks up")
+    )
+    _common(hosts)
+    hosts.add_argument("--revert", action="store_true", help="remove the lines it added")
+    hosts.add_argument(
+        "--state",
+        metavar="FILE",
+        help="where it records the lines it added (default: CLUSTER.yaml.hosts.json next to -c,"
+        " else ~/.trainfleet/hosts.json)",
     )
     for step in steps:
         _keep_given_before_the_step(parser, step)
@@ -332,9 +350,23 @@ def _firewall(args: argparse.Namespace, out):
     )
 
 
+def _hosts(args: argparse.Namespace, out):
+    from trainfleet.setup.etchosts import setup_hosts
+
+    return setup_hosts(
+        cluster_from_args(args),
+        revert=args.revert,
+        state_file=args.state,
+        cluster_in=args.cluster_file,
+        confirm=make_confirm(args.yes, out),
+        dry_run=args.dry_run,
+    )
+
+
 def _every(args: argparse.Namespace, out) -> int:
     from trainfleet.setup import every
     from trainfleet.setup.env import setup_env
+    from trainfleet.setup.etchosts import setup_hosts
     from trainfleet.setup.fwapply import setup_firewall
     from trainfleet.setup.hostfile import setup_hostfile
     from trainfleet.setup.pyenv import setup_pyenv
@@ -387,6 +419,9 @@ def _every(args: argparse.Namespace, out) -> int:
         if step == "firewall":
             return setup_firewall(cluster, mode="apply", cluster_in=cluster_file,
                                   confirm=confirm, dry_run=dry_run)  # fmt: skip
+        if step == "hosts":
+            return setup_hosts(cluster, cluster_in=cluster_file, confirm=confirm,
+                               dry_run=dry_run)  # fmt: skip
         return sync_code(cluster, args.code or cluster.workdir, confirm=confirm,
                          dry_run=dry_run)  # fmt: skip
 
@@ -407,7 +442,7 @@ def run(args: argparse.Namespace) -> int:
     if args.step is None:
         return _every(args, out)
     steps = {"ssh": _ssh, "hostfile": _hostfile, "env": _env, "pyenv": _pyenv,
-             "firewall": _firewall}  # fmt: skip
+             "firewall": _firewall, "hosts": _hosts}  # fmt: skip
     result = steps[args.step](args, out)
     print(json.dumps(result.to_json(), indent=2) if args.json else render(result))
     return result.exit_code

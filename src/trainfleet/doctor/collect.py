@@ -133,6 +133,16 @@ def peer_sample(hosts: list[str], master: str, *, all_pairs: bool = False) -> di
     return sample
 
 
+def _named_by(host: str, master: str, addresses: dict[str, str | None]) -> list[str]:
+    """The IPv4 addresses c10d names on `host`, in their IPv4-mapped form: the master's store
+    names every client as it accepts it, and every process names the master's address as it
+    connects (torch's client socket, before the connection)."""
+    ipv4 = {a for a in addresses.values() if a and ":" not in a}
+    if host == master:
+        return sorted(ipv4)
+    return [addresses[master]] if addresses[master] in ipv4 else []
+
+
 def plan_params(
     cluster: Cluster,
     addresses: dict[str, str | None],
@@ -185,10 +195,7 @@ def plan_params(
             "workdir": cluster.workdir or os.getcwd(),
             "listen_ports": listen[node.host] if multi else [],
             "owner_ports": [master_port],
-            # The master names its clients (c10d's store): every node's IPv4 address.
-            "client_addresses": sorted({a for a in addresses.values() if a and ":" not in a})
-            if multi and node.host == cluster.master
-            else [],
+            "client_addresses": _named_by(node.host, cluster.master, addresses) if multi else [],
             "peers": [p for p in peers.values() if p["address"]] if multi else [],
             "test_peers": sample[node.host],
             "inbound": inbound[node.host],

@@ -29,7 +29,7 @@ from trainfleet import node as node_programs
 from trainfleet.catalog import FindingId
 from trainfleet.cluster import Cluster
 from trainfleet.doctor import DoctorReport, run_doctor
-from trainfleet.doctor.checks.network import listeners_besides_probe
+from trainfleet.doctor.checks.network import listeners_besides_probe, mapped_lookup_wait
 from trainfleet.doctor.findings import Severity
 from trainfleet.errors import TrainfleetError
 from trainfleet.files import write_private
@@ -176,7 +176,20 @@ def prepare(
         launch_cwd=os.getcwd(),
         run_dir=run_dir,
     )
+    if report.survey and (wait := mapped_lookup_wait(report.survey)) and wait[0] >= 1:
+        plan.notes.append(_lookup_note(plan, *wait))
     return plan, report
+
+
+def _lookup_note(plan: Plan, seconds: float, host: str) -> str:
+    """What the nodes' silent resolver costs this launch (doctor's `err=-3` warning)."""
+    waits = 1 if plan.options.backend == "deepspeed" else 2  # torchrun: its agent, then ranks
+    return (
+        f"{host} cannot name the IPv4-mapped addresses c10d looks up and its resolver does not"
+        f" answer: every process that joins waits about {seconds:g} s once before it connects,"
+        f" this launch about {waits * seconds:g} s more to start (`err=-3` lines);"
+        " `trainfleet setup hosts` adds the /etc/hosts lines that end it"
+    )
 
 
 def _env_record(plan: Plan) -> str:

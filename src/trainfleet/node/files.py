@@ -1,6 +1,7 @@
 """Files a launch or a fix puts on a node: the deepspeed backend's private directory, lines
-appended to known_hosts, sync's removal of what the launch node no longer has, and directories
-unpacked from another node's archive (`take_staged`: DeepSpeed's ops).
+appended to known_hosts, sync's removal of what the launch node no longer has, directories
+unpacked from another node's archive (`take_staged`: DeepSpeed's ops), and /etc/hosts lines
+(`edit_hosts`: `setup hosts`).
 
     >>> import tempfile; home = tempfile.mkdtemp()
     >>> append_lines({"file": home + "/kh", "lines": ["a ssh-ed25519 K", "a ssh-ed25519 K"]})
@@ -64,6 +65,35 @@ def append_lines(job):
     with os.fdopen(fd, "a") as f:
         f.write(gap + "".join(line + "\n" for line in new))
     print(len(new))
+
+
+def edit_hosts(job):
+    """Adds job["add"] to job["file"] (/etc/hosts) where not there yet, and removes every line
+    that is exactly one of job["remove"]; every other byte stays. The file is rewritten in
+    place, never replaced: /etc/hosts is often a bind mount (containers, `ip netns`), which a
+    rename cannot replace. Prints {"added": [...], "removed": [...]} (JSON)."""
+    with open(job["file"]) as f:
+        old = f.read()
+    lines = old.splitlines(True)
+    remove = set(job.get("remove", []))
+    kept = [line for line in lines if line.rstrip("\n") not in remove]
+    removed = [line.rstrip("\n") for line in lines if line.rstrip("\n") in remove]
+    present = set(line.rstrip("\n") for line in kept)
+    added = []
+    for line in job.get("add", []):
+        if line not in present:
+            present.add(line)
+            added.append(line)
+    text = "".join(kept)
+    if added and text and not text.endswith("\n"):
+        text += "\n"
+    text += "".join(line + "\n" for line in added)
+    if text != old:
+        with open(job["file"], "r+") as f:
+            f.write(text)
+            f.truncate()
+    print(json.dumps({"added": added, "removed": removed}))
+    return 0
 
 
 def is_excluded(rel, patterns):

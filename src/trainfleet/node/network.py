@@ -1,12 +1,14 @@
 """The node's network as the probe sees it: names, interfaces, the route to the master, who
-listens on which port, the firewall's rules, and the master's reverse lookups of its clients.
+listens on which port, the firewall's rules, and the reverse lookups c10d makes there.
 """
 
 import glob
 import json
 import os
+import select
 import socket
-import threading
+import subprocess
+import sys
 import time
 
 from trainfleet.node import system
@@ -25,31 +27,95 @@ def resolve(name):
     return {"addresses": seen}
 
 
+_LOOKUPS = """
+import json, socket, sys, threading, time
+said = threading.Lock()
+def look(address):
+    start = time.time()
+    try:
+        outcome = {"name": socket.getnameinfo(("::ffff:" + address, 0, 0, 0),
+                                              socket.NI_NUMERICSERV)[0]}
+    except (OSError, ValueError) as exc:
+        outcome = {"error": str(exc)}
+    outcome["seconds"] = round(time.time() - start, 3)
+    with said:
+        sys.stdout.write(json.dumps([address, outcome]) + "\\n")
+        sys.stdout.flush()
+for address in json.loads(sys.argv[1]):
+    threading.Thread(target=look, args=(address,), daemon=True).start()
+time.sleep(3600)
+"""
+"""The lookups, in a child process of their own: some builds of Python (Debian's 3.11) let one
+resolver call run at a time, so a lookup that waits on a silent DNS server would hold up every
+name the probe resolves after it (seen: 20 s for two lookups and the probe's own)."""
+
+
 def client_names(addresses, limit):
-    """What c10d's TCPStore on this node (the master) gets when it names a client: it listens on
-    both stacks, so a client at A is ::ffff:A, and getnameinfo fails with EAI_AGAIN (c10d's
-    `err=-3`) when no hosts entry names that form and no DNS server answers. Per address:
-    {"name"} or {"error"}, with the seconds it took; one thread each, bounded by `limit`."""
+    """What c10d's store gets when it names the other end of a connection: it listens on both
+    stacks and connects in IPv6 form, so an IPv4 peer A is ::ffff:A, and getnameinfo fails with
+    EAI_AGAIN (c10d's `err=-3`) when no hosts entry names that form and no DNS server answers.
+    Per address: {"name"} or {"error"}, with the seconds it took; all of them bounded by
+    `limit` (a child process that is killed then)."""
     found = {}
-
-    def lookup(address):
-        start = time.time()
+    if addresses:
+        child = subprocess.Popen(
+            [sys.executable, "-I", "-c", _LOOKUPS, json.dumps(list(addresses))],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL,
+        )
+        deadline, pending = time.time() + limit, b""
         try:
-            name = socket.getnameinfo(("::ffff:" + address, 0, 0, 0), socket.NI_NUMERICSERV)[0]
-            outcome = {"name": name}
-        except (OSError, ValueError) as exc:
-            outcome = {"error": str(exc)}
-        outcome["seconds"] = round(time.time() - start, 3)
-        found[address] = outcome  # whole, in one step: the caller may read it at its deadline
-
-    threads = [threading.Thread(target=lookup, args=(a,), daemon=True) for a in addresses]
-    for thread in threads:
-        thread.start()
-    deadline = time.time() + limit
-    for thread in threads:
-        thread.join(max(0.0, deadline - time.time()))
+            while len(found) < len(addresses):
+                left = deadline - time.time()
+                if left <= 0 or not select.select([child.stdout], [], [], left)[0]:
+                    break
+                chunk = os.read(child.stdout.fileno(), 65536)
+                if not chunk:
+                    break
+                pending += chunk
+                while b"\n" in pending:
+                    line, pending = pending.split(b"\n", 1)
+                    _take(found, line, addresses)
+        finally:
+            child.kill()
+            child.wait()
     late = {"error": "no answer in %gs" % limit, "seconds": limit}
     return {a: found.get(a) or dict(late) for a in addresses}
+
+
+def _take(found, line, addresses):
+    try:
+        address, outcome = json.loads(line.decode())
+    except ValueError:
+        return
+    if address in addresses and isinstance(outcome, dict):
+        found[address] = outcome
+
+
+def resolver(path="/etc/resolv.conf"):
+    """What glibc's resolver does with a query no server answers: its nameservers, and the
+    seconds it waits per try and how many tries (resolv.conf's `options`, then RES_OPTIONS,
+    which overrides them per process; glibc's defaults are 5 s and 2)."""
+    found = {"nameservers": [], "timeout": 5, "attempts": 2}
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError as exc:
+        return {"error": str(exc)}
+    options = []
+    for raw in text.splitlines():
+        words = raw.split("#")[0].split(";")[0].split()
+        if len(words) >= 2 and words[0] == "nameserver":
+            found["nameservers"].append(words[1])
+        elif words and words[0] == "options":
+            options += words[1:]
+    options += os.environ.get("RES_OPTIONS", "").split()
+    for option in options:
+        key, _, value = option.partition(":")
+        if key in ("timeout", "attempts") and value.isdigit():
+            found[key] = int(value)
+    return found
 
 
 def interfaces():

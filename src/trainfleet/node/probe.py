@@ -65,6 +65,7 @@ def main(params):
         "client_names": network.client_names(
             params.get("client_addresses", []), CLIENT_NAME_LIMIT_S
         ),
+        "resolver": network.resolver(),
         "listening": network.listening(set(params.get("owner_ports", []))),
         "firewall": network.firewall(),
         "ipv6_disabled": system.read_first("/proc/sys/net/ipv6/conf/all/disable_ipv6"),

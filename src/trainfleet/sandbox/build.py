@@ -28,6 +28,7 @@ from trainfleet.sandbox.faults import (
     BARE_PATH,
     DECOYS,
     FAULTS,
+    SILENT_RESOLVER,
     SLOW_LINK_RATE,
     SMALL_MTU,
     firewall_rules,
@@ -296,9 +297,12 @@ def _build(sandbox: Sandbox) -> None:
             own_name = "loopback"
         elif node.index in _faulted(sandbox, "hostname-unresolvable"):
             own_name = "absent"
-        mapped = node.index not in _faulted(sandbox, "client-name-unresolvable")
+        silent = node.index in _faulted(sandbox, "dns-unreachable")
+        mapped = node.index not in _faulted(sandbox, "client-name-unresolvable") and not silent
         hosts = files.etc_hosts_text(sandbox.nodes, node, own_name=own_name, mapped=mapped)
         _write(Path("/etc/netns") / ns / "hosts", hosts)
+        if silent:  # glibc's defaults: 5 s per try, 2 tries
+            _write(Path("/etc/netns") / ns / "resolv.conf", f"nameserver {SILENT_RESOLVER}\n")
         bare_env = node.index in _faulted(sandbox, "remote-env-differs")
         shell = "/bin/sh" if bare_env else sandbox.login_shell
         # root's sessions start in its home: on a planted node, the directory planted.
@@ -488,8 +492,11 @@ def _port_open(address: str, port: int) -> bool:
 
 
 def _start_port_holders(sandbox: Sandbox) -> None:
-    """The 'leftover process from the last run' that holds the master port (seed 000 §5.3)."""
-    for index in _faulted(sandbox, "port-in-use"):
+    """The 'leftover process from the last run' that holds the master port (seed 000 §5.3),
+    and the resolver that never answers (`dns-unreachable`)."""
+    holds = [(i, "hold", [sandbox.master_port]) for i in _faulted(sandbox, "port-in-use")]
+    holds += [(i, "hold_udp", [SILENT_RESOLVER, 53]) for i in _faulted(sandbox, "dns-unreachable")]
+    for index, function, args in holds:
         argv = sandbox.exec_argv(index, node_programs.argv("python3", "porthold"))
         proc = subprocess.Popen(
             argv,
@@ -499,8 +506,8 @@ def _start_port_holders(sandbox: Sandbox) -> None:
             start_new_session=True,
             text=True,
         )
-        proc.stdin.write(node_programs.line("porthold", "hold", sandbox.master_port).decode())
+        proc.stdin.write(node_programs.line("porthold", function, *args).decode())
         proc.stdin.close()
         if proc.stdout.readline().strip() != "ready":
-            raise SandboxError("the port-in-use fault could not bind the master port", "retry")
+            raise SandboxError(f"node {index}: the fault's holder could not bind its port", "retry")
         proc.stdout.close()

@@ -86,6 +86,12 @@ FAULTS: dict[str, FaultKind] = {
         "first",
         "the master's /etc/hosts names no IPv4-mapped address (c10d's `err=-3` on every rank)",
     ),
+    "dns-unreachable": FaultKind(
+        FindingId.HOSTNAME_UNRESOLVABLE,
+        "first",
+        "the node's resolver (127.0.0.53) never answers, as on air-gapped clusters, and its "
+        "/etc/hosts names no IPv4-mapped address: a reverse lookup waits glibc's 5 s x 2 tries",
+    ),
     "hostname-impostor": FaultKind(
         None, "last", "`hostname` on the node answers another node's name (root there sets any)"
     ),
@@ -111,6 +117,9 @@ SLOW_LINK_RATE = "50mbit"
 DECOYS = {"virbr0": "192.168.122.1/24", "docker0": "172.17.0.1/16"}
 """libvirt's and docker's bridges: NCCL skips docker* by default but not virbr*."""
 BARE_PATH = "/usr/bin:/bin:/usr/sbin:/sbin"
+SILENT_RESOLVER = "127.0.0.53"
+"""Where a `dns-unreachable` node's resolv.conf points: a UDP socket there takes the queries
+and never answers (as a stub resolver whose upstream is unreachable)."""
 SMALL_MTU = 1280
 
 

@@ -5,9 +5,10 @@
     0
 
 ssh, hostfile, env, pyenv (only when there is an environment path: --venv PATH, or the venv
-trainfleet runs in), firewall (`--apply`: only where doctor finds ports blocked), sync (only
-for a code directory the user named, `--code DIR` or cluster.yaml's `workdir:`: sync deletes
-what the nodes' copy has and this one has not), then a full doctor. Each step is the one
+trainfleet runs in), firewall (`--apply`: only where doctor finds ports blocked), hosts (only
+where doctor finds c10d's IPv4-mapped names missing), sync (only for a code directory the user
+named, `--code DIR` or cluster.yaml's `workdir:`: sync deletes what the nodes' copy has and
+this one has not), then a full doctor. Each step is the one
 `trainfleet setup STEP` runs, changes only what is missing and shows its changes before it
 makes them. The cluster file the hostfile step writes is the one every later step reads
 (`load`). A step that cannot finish, or ends with an error, stops the run there: the next
@@ -30,7 +31,7 @@ from trainfleet.errors import SetupError
 from trainfleet.setup.pyenv import default_target
 from trainfleet.setup.result import Confirm, SetupResult
 
-STEPS = ("ssh", "hostfile", "env", "pyenv", "firewall", "sync")
+STEPS = ("ssh", "hostfile", "env", "pyenv", "firewall", "hosts", "sync")
 
 RunStep = Callable[..., SetupResult]
 """run_step(step, cluster, cluster_file, *, dry_run, confirm) -> the step's result."""

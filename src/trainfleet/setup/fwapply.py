@@ -157,7 +157,7 @@ def _firewalld_zones(cluster: Cluster, survey: Survey, blocked: list[str]) -> di
     return {host: zone for host, zone in zones.items() if valid_word(zone)}
 
 
-def _sudo(nodes: Sequence[Node]) -> dict[str, list[str]]:
+def sudo_prefixes(nodes: Sequence[Node]) -> dict[str, list[str]]:
     """`sudo -n` for nodes where the ssh user is not root (firewall tools need root)."""
     results = run_on_nodes(nodes, ["id", "-u"], timeout=TIMEOUT_S)
     return {r.node: [] if r.stdout.strip() == "0" else ["sudo", "-n"] for r in results}
@@ -168,7 +168,7 @@ def apply_rules(
 ) -> None:
     state = load_state(state_file)
     state["cluster"] = cluster.source
-    sudo = _sudo([cluster.node(h) for h in rules])
+    sudo = sudo_prefixes([cluster.node(h) for h in rules])
     argvs = {h: [sudo[h] + list(r.apply) for r in rs] for h, rs in rules.items()}
     failed = []
     for i, results in run_in_turn(cluster, argvs):

@@ -62,6 +62,11 @@ FIREWALL = CheckSet(
     quick=True,
     tcp=True,
 )
+HOSTS = CheckSet(
+    f"{FindingId.HOSTNAME_UNRESOLVABLE} (names of the IPv4-mapped addresses c10d looks up)",
+    (ssh.check_launch_ssh, network.check_client_names),
+    quick=True,
+)
 PYENV = CheckSet(
     f"{FindingId.VERSION_MISMATCH}, {FindingId.TORCH_MISSING} (package metadata)",
     (ssh.check_launch_ssh, software.check_versions, software.check_torch),

@@ -9,7 +9,7 @@ from __future__ import annotations
 from trainfleet.catalog import FindingId
 from trainfleet.doctor import netsel
 from trainfleet.doctor.collect import Survey
-from trainfleet.doctor.facts import Active, Listener, NodeFacts, Resolution
+from trainfleet.doctor.facts import Active, ClientName, Listener, NodeFacts, Resolution
 from trainfleet.doctor.findings import Finding, Severity
 
 LOOPBACK_PREFIXES = ("127.", "::1")
@@ -189,40 +189,107 @@ def check_hostnames(survey: Survey) -> list[Finding]:
     return findings
 
 
+MAPPED_NAME_SUFFIX = "-ipv4-mapped"
+
+
+def mapped_name(host: str, address: str) -> str:
+    """The /etc/hosts name of `address`'s IPv4-mapped form: one of its own, so that the node's
+    name still resolves to its IPv4 address alone."""
+    if host != address and all(c.isalnum() or c in "-." for c in host) and host[:1].isalpha():
+        return host + MAPPED_NAME_SUFFIX
+    return "ipv4-mapped-" + address.replace(".", "-")
+
+
+def unnamed_mapped(survey: Survey) -> dict[str, dict[str, ClientName]]:
+    """Per node, the IPv4-mapped addresses c10d looks up there that have no name (the master:
+    its clients'; every other node: the master's), with what the lookup said."""
+    found = {}
+    for host, facts in survey.facts.items():
+        if str(facts.ipv6_disabled).strip() == "1":
+            continue  # c10d then listens and connects on IPv4 alone: plain addresses
+        failed = {a: r for a, r in facts.client_names.items() if r.error is not None}
+        if failed:
+            found[host] = failed
+    return found
+
+
+def _wait_s(facts: NodeFacts, lookups: dict[str, ClientName]) -> float | None:
+    """How long one failed lookup waits on the node: as measured when it ended within the
+    probe's bound, else what its resolver settings make of a server that never answers."""
+    ended = [r.seconds for r in lookups.values() if r.seconds is not None and "no answer" not in
+             (r.error or "")]  # fmt: skip
+    if ended:
+        return max(ended)
+    return facts.resolver.unanswered_s
+
+
+def mapped_lookup_wait(survey: Survey) -> tuple[float, str] | None:
+    """The longest wait for a failed IPv4-mapped lookup, and its node (None: no such lookup,
+    or none whose length is known). Each process that joins a launch waits for one."""
+    waits = {host: _wait_s(survey.facts[host], lookups)
+             for host, lookups in unnamed_mapped(survey).items()}  # fmt: skip
+    known = {h: w for h, w in waits.items() if w is not None}
+    if not known:
+        return None
+    slowest = max(known, key=known.get)
+    return known[slowest], slowest
+
+
 def check_client_names(survey: Survey) -> list[Finding]:
-    """The master's names for its clients' IPv4-mapped addresses (c10d's `err=-3` line)."""
-    master = survey.cluster.master
-    facts = survey.facts.get(master, NodeFacts())
-    if str(facts.ipv6_disabled).strip() == "1":
-        return []  # c10d then listens on IPv4 alone and sees its clients' own addresses
-    lookups = facts.client_names
-    addresses = survey.addresses
-    node_of = {address: host for host, address in addresses.items() if address}
-    failed = {a: r for a, r in lookups.items() if r.error is not None}
-    if not failed:
+    """The names of the IPv4-mapped addresses c10d looks up (its `err=-3` line, and a wait in
+    every process that joins a launch)."""
+    unnamed = unnamed_mapped(survey)
+    if not unnamed:
         return []
-    evidence = [
-        f"on {master}, ::ffff:{a} ({node_of.get(a, 'a client')}) has no name: {r.error}"
-        + (f" after {r.seconds:.1f} s" if (r.seconds or 0) >= 0.1 else "")
-        for a, r in sorted(failed.items())
-    ]
+    master = survey.cluster.master
+    node_of = {address: host for host, address in survey.addresses.items() if address}
+    evidence = []
+    for host, lookups in unnamed.items():
+        role = " (the master)" if host == master else ""
+        for address, r in sorted(lookups.items()):
+            late = (r.error or "").startswith("no answer")
+            took = f" after {r.seconds:.1f} s" if (r.seconds or 0) >= 0.1 and not late else ""
+            whose = node_of.get(address, "a client")
+            evidence.append(f"on {host}{role}, ::ffff:{address} ({whose}) has no name: {r.error}"
+                            f"{took}")  # fmt: skip
+    cost = "each process that joins a launch waits for one such lookup"
+    wait = mapped_lookup_wait(survey)
+    if wait is not None and wait[0] >= 0.1:
+        worst, slowest = wait
+        cost += (
+            f" (up to {worst:g} s, on {slowest}: {_resolver_text(survey.facts[slowest])}), a"
+            f" torchrun launch twice in a row (its agent, then its ranks): about {2 * worst:g} s"
+            " more to start"
+        )
     evidence.append(
-        "c10d's store listens on both stacks and names each client in that form: every rank "
-        "prints `The hostname of the client socket cannot be retrieved. err=-3`, and each "
-        "connection waits for the lookup"
+        "c10d names the other end of every store connection in that form (the master names its"
+        " clients, every process the master as it connects); the first lookup that fails prints"
+        " `The hostname of the client socket cannot be retrieved. err=-3` and ends lookups in"
+        f" that process: {cost}"
     )
-    lines = "; ".join(f"`::ffff:{a} {node_of.get(a, a)}-ipv4-mapped`" for a in sorted(failed))
+    lines = sum(len(lookups) for lookups in unnamed.values())
+    host, lookups = next(iter(unnamed.items()))
+    address = sorted(lookups)[0]
+    example = f"`::ffff:{address} {mapped_name(node_of.get(address, address), address)}` on {host}"
     return [
         Finding(
             id=FindingId.HOSTNAME_UNRESOLVABLE,
             severity=Severity.WARNING,
-            nodes=(master,),
+            nodes=tuple(unnamed),
             evidence=evidence,
-            fix=f"add {lines} to /etc/hosts on {master} (a name of its own for each: the node's"
-            " own name would then also resolve to the IPv6 form), or give it a DNS server that"
-            " answers",
+            fix=f"`trainfleet setup hosts` adds the {lines} /etc/hosts line(s), e.g. {example}"
+            " (a name of its own for each: the node's own name would then also resolve to the"
+            " IPv6 form); it records them and `--revert` removes exactly those. Or give the"
+            " nodes a DNS server that answers",
         )
     ]
+
+
+def _resolver_text(facts: NodeFacts) -> str:
+    r = facts.resolver
+    if not r.nameservers:
+        return "no nameserver set: glibc asks 127.0.0.1"
+    return f"{len(r.nameservers)} nameserver(s), {r.timeout} s x {r.attempts} tries each"
 
 
 def _configured(survey: Survey, host: str, key: str) -> tuple[str, str] | None:

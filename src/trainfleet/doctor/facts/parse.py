@@ -32,6 +32,7 @@ from trainfleet.doctor.facts.sheet import (
     Packages,
     Python,
     Resolution,
+    Resolver,
     Route,
     SshOutcome,
     Transfer,
@@ -130,6 +131,15 @@ def _client_name(raw: object) -> ClientName | None:
         return None
     return ClientName(
         name=_str(raw.get("name")), error=_str(raw.get("error")), seconds=_float(raw.get("seconds"))
+    )
+
+
+def _resolver(raw: object) -> Resolver:
+    raw = _dict(raw)
+    return Resolver(
+        nameservers=_strs(raw.get("nameservers")),
+        timeout=_int(raw.get("timeout")),
+        attempts=_int(raw.get("attempts")),
     )
 
 
@@ -300,6 +310,7 @@ def parse_fact_sheet(sheet: Any, *, node: str) -> NodeFacts:
         interfaces=_interfaces(sheet.get("interfaces")),
         route_to_master=_route(sheet.get("route_to_master")),
         client_names=_map(sheet.get("client_names"), _client_name),
+        resolver=_resolver(sheet.get("resolver")),
         listening=_items(sheet.get("listening"), _listener),
         firewall=_firewall(sheet.get("firewall")),
         ipv6_disabled=_str(sheet.get("ipv6_disabled")),

@@ -54,6 +54,23 @@ class ClientName:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Resolver:
+    """The node's DNS resolver settings (/etc/resolv.conf, RES_OPTIONS)."""
+
+    nameservers: tuple[str, ...] = ()
+    timeout: int | None = None
+    attempts: int | None = None
+
+    @property
+    def unanswered_s(self) -> float | None:
+        """How long glibc waits on a query that no nameserver answers: each try goes to every
+        server in turn (timeout 1..30 s, tries up to 5, as glibc clamps them)."""
+        if self.timeout is None or self.attempts is None or not self.nameservers:
+            return None
+        return max(1, min(self.timeout, 30)) * min(self.attempts, 5) * len(self.nameservers)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Listener:
     """A listening TCP socket; pid and command only for the ports the probe was asked about."""
 
@@ -247,6 +264,7 @@ class NodeFacts:
     """None: the probe could not list them."""
     route_to_master: Route | None = None
     client_names: Mapping[str, ClientName] = field(default_factory=dict)
+    resolver: Resolver = field(default_factory=Resolver)
     listening: tuple[Listener, ...] = ()
     firewall: Firewall = field(default_factory=Firewall)
     ipv6_disabled: str | None = None
