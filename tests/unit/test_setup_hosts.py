@@ -55,7 +55,8 @@ def test_each_address_gets_a_name_of_its_own_and_only_those_lines_count_as_ours(
     )
     # A hostfile of addresses: the address itself would not make a usable name.
     assert network.mapped_name("10.0.0.12", "10.0.0.12") == "ipv4-mapped-10-0-0-12"
-    assert network.mapped_name("bad name;rm", "10.0.0.12") == "ipv4-mapped-10-0-0-12"
+    for odd in ("bad name;rm", "gpu-ñode-2", "x" * 201):  # the state file's check must pass
+        assert network.mapped_name(odd, "10.0.0.12") == "ipv4-mapped-10-0-0-12"
     assert etchosts.is_ours(etchosts.hosts_line("10.0.0.12", "10.0.0.12"))
     for line in ("127.0.0.1\tlocalhost", "::ffff:10.0.0.1\tx\t# trainfleet setup hosts\nevil",
                  "10.0.0.1\tgpu-node-1\t# trainfleet setup hosts", 7):  # fmt: skip

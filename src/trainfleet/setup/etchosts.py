@@ -210,7 +210,7 @@ def setup_hosts(
                 result.note(f"{host}: already there (not recorded, so never removed): "
                             f"{_shown(line)}")  # fmt: skip
         save_state(state_file, state)
-        if answers:
+        if result.changes:
             result.note(f"recorded in {state_file}; `trainfleet setup hosts --revert` removes "
                         "exactly those lines")  # fmt: skip
         if failed:

@@ -195,7 +195,8 @@ MAPPED_NAME_SUFFIX = "-ipv4-mapped"
 def mapped_name(host: str, address: str) -> str:
     """The /etc/hosts name of `address`'s IPv4-mapped form: one of its own, so that the node's
     name still resolves to its IPv4 address alone."""
-    if host != address and all(c.isalnum() or c in "-." for c in host) and host[:1].isalpha():
+    plain = host.isascii() and all(c.isalnum() or c in "-." for c in host)
+    if host != address and plain and host[:1].isalpha() and len(host) <= 200:
         return host + MAPPED_NAME_SUFFIX
     return "ipv4-mapped-" + address.replace(".", "-")
 
