@@ -136,7 +136,7 @@ def test_a_changed_host_key_is_shown_old_and_new_and_needs_more_than_yes(
     old = fingerprint((node_dir / "previous_host_key.pub").read_text())
     new = fingerprint((node_dir / "ssh_host_ed25519_key.pub").read_text())
     known = box.home / ".ssh" / "known_hosts"
-    before = _tree(box.home, box.state_dir / "nodes")
+    before = _files(box)
     password = box.password_file.read_text()
     argv = ["setup", "ssh", "-c", str(box.cluster_file), "--password-stdin"]
 
@@ -147,7 +147,7 @@ def test_a_changed_host_key_is_shown_old_and_new_and_needs_more_than_yes(
     assert f"was: {old}" in out and f"now: {new}" in out
     assert "not a terminal: not confirmed" in out
     assert "changed host keys were not confirmed: nothing was changed" in err
-    assert _tree(box.home, box.state_dir / "nodes") == before  # no key, no line, no login
+    assert _files(box) == before  # no key, no line, no login
 
     # --yes (what scripts pass for new keys) is still a no for a changed one (#17).
     code, out, err = _run([*argv, "--yes"], capsys, monkeypatch, stdin=password)
@@ -155,7 +155,7 @@ def test_a_changed_host_key_is_shown_old_and_new_and_needs_more_than_yes(
     assert code == 1
     assert "--yes does not replace CHANGED host keys" in out
     assert "--replace-changed-host-keys" in err
-    assert _tree(box.home, box.state_dir / "nodes") == before
+    assert _files(box) == before
 
     explicit = [*argv, "--yes", "--replace-changed-host-keys", "--json"]
     code, out, err = _run(explicit, capsys, monkeypatch, stdin=password)
