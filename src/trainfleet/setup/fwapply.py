@@ -158,7 +158,8 @@ def _firewalld_zones(cluster: Cluster, survey: Survey, blocked: list[str]) -> di
 
 
 def sudo_prefixes(nodes: Sequence[Node]) -> dict[str, list[str]]:
-    """`sudo -n` for nodes where the ssh user is not root (firewall tools need root)."""
+    """`sudo -n` for nodes where the ssh user is not root (firewall tools and /etc/hosts need
+    root)."""
     results = run_on_nodes(nodes, ["id", "-u"], timeout=TIMEOUT_S)
     return {r.node: [] if r.stdout.strip() == "0" else ["sudo", "-n"] for r in results}
 
