@@ -18,7 +18,6 @@ is edited in place (it is often a bind mount).
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 
@@ -26,9 +25,9 @@ from trainfleet import node as node_programs
 from trainfleet.cluster import Cluster
 from trainfleet.doctor.checks import network
 from trainfleet.errors import SetupError
-from trainfleet.files import write_private
 from trainfleet.remote import run_on_nodes
 from trainfleet.setup import verify
+from trainfleet.setup.fwstate import save_state
 from trainfleet.setup.result import Confirm, SetupResult
 
 TAG = "# trainfleet setup hosts"
@@ -91,18 +90,6 @@ def load_state(path: str, *, must_exist: bool = False) -> dict:
                 f"ending in `{TAG}` by hand",
             )
     return state
-
-
-def save_state(path: str, state: dict) -> None:
-    """Written whole after every node's change; gone once it records nothing."""
-    if not any(state["nodes"].values()):
-        Path(path).unlink(missing_ok=True)
-        return
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(f"{path}.tmp")
-    tmp.unlink(missing_ok=True)
-    write_private(tmp, json.dumps(state, indent=2) + "\n", exclusive=True)
-    os.replace(tmp, path)
 
 
 def _edit(cluster: Cluster, jobs: dict[str, dict]) -> tuple[dict[str, dict], list[str]]:

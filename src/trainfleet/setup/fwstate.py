@@ -70,6 +70,8 @@ def load_state(path: str, *, must_exist: bool = False) -> dict:
 
 
 def save_state(path: str, state: dict) -> None:
+    """Written whole (private, replaced in one step); gone once it records nothing. `setup
+    hosts` keeps its state the same way."""
     if not any(state["nodes"].values()):
         Path(path).unlink(missing_ok=True)
         return
