@@ -3,7 +3,13 @@ the CPU seconds each node spent and the launcher's, and from them the wall a clu
 nodes have their own CPUs would see.
 
     sudo .venv/bin/python bench/doctor_scale.py [--sizes 2,4,8,16,32] [--quick-sizes 64]
-                                                [--repeat 3] [--shells sh]
+                                                [--repeat 3] [--beds sh,bash,sh+dns,bash+load]
+
+A bed is the nodes' login shell (`sh`: /bin/sh, no rc file; `bash`: root's own bash, which
+sources this machine's ~/.bashrc for every ssh command, here a pyenv init: a heavy rc file as
+conda's or pyenv's), `+dns`: every node's resolver never answers (the sandbox's
+`dns-unreachable` fault), `+load`: two CPU-bound processes run beside doctor on this machine.
+Each row's ratio is its wall over the first bed's at the same size and kind.
 
 Each size: a fresh sandbox, one warm-up run (opens the shared ssh connections, warms the page
 cache), then the median of --repeat runs of the CLI as a user types it. Every
@@ -22,6 +28,7 @@ one core. A run with an error on a clean sandbox is printed as a failure with it
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -30,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from trainfleet import sandbox
@@ -118,34 +126,74 @@ def _median(runs: list[dict[str, float]]) -> dict[str, float]:
     return {key: statistics.median(run.get(key, 0.0) for run in runs) for key in runs[0]}
 
 
-def bench_size(count: int, repeat: int, shell: str | None, quick_only: bool) -> dict[str, dict]:
+@contextlib.contextmanager
+def _cpu_hogs(count: int):
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+
+
+def _login_seconds(box: sandbox.Sandbox) -> float:
+    """The median of 3 `ssh NODE true` to the last node: what one login costs on this bed."""
+    argv = ["ssh", "-F", str(box.state_dir / "ssh_config"), box.nodes[-1].hostname, "true"]
+    took = []
+    for _ in range(3):
+        start = time.perf_counter()
+        subprocess.run(argv, capture_output=True, check=True)
+        took.append(time.perf_counter() - start)
+    return statistics.median(took)
+
+
+def bench_size(count: int, repeat: int, bed: Bed, quick_only: bool) -> dict[str, dict]:
     name = f"bd{count}"
-    box = sandbox.up(nodes=count, name=name, login_shell=shell)
+    faults = [f"dns-unreachable@{i}" for i in range(1, count + 1)] if bed.dns else []
+    box = sandbox.up(nodes=count, name=name, login_shell=bed.shell, faults=faults)
     cpu = NodeCpu(box)
     try:
-        _doctor(box.cluster_file, quick_only, cpu)  # warm-up
-        rows = {}
-        for quick in (True,) if quick_only else (False, True):
-            rows["quick" if quick else "full"] = _median(
-                [_doctor(box.cluster_file, quick, cpu) for _ in range(repeat)]
-            )
+        with _cpu_hogs(2 if bed.load else 0):
+            _doctor(box.cluster_file, quick_only, cpu)  # warm-up
+            rows = {}
+            for quick in (True,) if quick_only else (False, True):
+                rows["quick" if quick else "full"] = _median(
+                    [_doctor(box.cluster_file, quick, cpu) for _ in range(repeat)]
+                )
+            rows["login"] = {"wall": _login_seconds(box)}
         return rows
     finally:
         sandbox.down(name)
         cpu.remove()
 
 
-def _vs(seconds: float, target: float | None) -> str:
-    return f"{seconds / target:.2f}x of {target:.0f} s" if target else ""
+@dataclass(frozen=True)
+class Bed:
+    name: str
+    shell: str | None
+    dns: bool
+    load: bool
+
+    @classmethod
+    def parse(cls, text: str) -> Bed:
+        shell, *extras = text.split("+")
+        if shell not in SHELLS or not set(extras) <= {"dns", "load"}:
+            raise SystemExit(f"--beds: {text!r} is not SHELL[+dns][+load], SHELL one of sh, bash")
+        return cls(text, SHELLS[shell], "dns" in extras, "load" in extras)
 
 
-def _row(count: int, kind: str, run: dict[str, float], target: float | None) -> str:
+SHELLS = {"sh": "/bin/sh", "bash": None}
+"""A bed's login shell: None leaves root's own (bash and this machine's ~/.bashrc)."""
+
+
+def _row(count: int, kind: str, run: dict[str, float], target: float | None, ratio: str) -> str:
     goal = f"{run['wall'] / target:.2f}x of {target:.0f} s" if target else ""
     return (
         f"{count:>5}  {kind:<6} {run['wall']:>6.2f}s  {run.get('probe', 0.0):>6.2f}s  "
         f"{run.get('collective', 0.0):>6.2f}s  {run['node_cpu_median']:>6.2f}s  "
         f"{run['node_cpu_max']:>6.2f}s  {run['launcher_cpu']:>6.2f}s  {run['projected']:>6.2f}s"
-        f"  {goal}"
+        f"  {ratio:>6}  {goal}"
     )
 
 
@@ -154,30 +202,32 @@ def main() -> int:
     parser.add_argument("--sizes", default="2,4,8,16,32", help="full and --quick at these")
     parser.add_argument("--quick-sizes", default="64", help="--quick only at these")
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--shells", default="sh", help="bash (root's own), sh, or both")
+    parser.add_argument("--beds", default="sh", help="SHELL[+dns][+load], comma-separated")
     args = parser.parse_args()
     plan = [(int(s), False) for s in args.sizes.split(",") if s]
     plan += [(int(s), True) for s in args.quick_sizes.split(",") if s]
+    beds = [Bed.parse(text) for text in args.beds.split(",")]
     print(f"{os.cpu_count()} cores; every sandbox node shares them; median of {args.repeat}")
-    shells = {
-        "bash": ("root's own shell (bash + ~/.bashrc)", None),
-        "sh": ("login shell /bin/sh (no rc file)", "/bin/sh"),
-    }
-    for title, shell in (shells[name] for name in args.shells.split(",")):
-        print(f"\n{title}")
+    first: dict[tuple[int, str], float] = {}
+    for bed in beds:
+        print(f"\nbed {bed.name}")
         print(
             f"{'nodes':>5}  {'kind':<6} {'wall':>7}  {'probe':>7}  {'stack':>7}  "
-            f"{'cpu/node':>7}  {'cpu max':>7}  {'launch':>7}  {'project':>7}  vs goal"
+            f"{'cpu/node':>7}  {'cpu max':>7}  {'launch':>7}  {'project':>7}  {'ratio':>6}  "
+            "vs goal"
         )
         for count, quick_only in plan:
             try:
-                rows = bench_size(count, args.repeat, shell, quick_only)
+                rows = bench_size(count, args.repeat, bed, quick_only)
             except BenchFailure as exc:
                 print(f"{count:>5}  did not pass: {exc}", flush=True)
                 continue
+            login = rows.pop("login")["wall"]
             for kind, run in rows.items():
                 target = (QUICK_TARGETS if kind == "quick" else TARGETS).get(count)
-                print(_row(count, kind, run, target), flush=True)
+                base = first.setdefault((count, kind), run["wall"])
+                print(_row(count, kind, run, target, f"{run['wall'] / base:.2f}x"), flush=True)
+            print(f"{'':>5}  login  {login:>6.2f}s  (`ssh NODE true`, median of 3)", flush=True)
     return 0
 
 

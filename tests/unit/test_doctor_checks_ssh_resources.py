@@ -7,6 +7,7 @@ from doctor_fixtures import expect_one, make_survey, reparsed, sheets_of, window
 
 from trainfleet.doctor.checks import resources, ssh
 from trainfleet.doctor.findings import Severity, merge
+from trainfleet.doctor.pace import ProbeTimes
 from trainfleet.remote import NodeResult, classify
 
 pytestmark = pytest.mark.unit
@@ -74,17 +75,62 @@ def test_ssh_from_the_launch_node(tmp_path, stderr, pitfall_id, fix):
     )
 
 
-def test_probe_that_did_not_finish(tmp_path):
+def test_probe_that_did_not_finish_without_times_is_slow_node_not_unreachable(tmp_path):
     survey = make_survey(tmp_path, failed={N3: _ssh_failed(N3, "", returncode=None)})
     expect_one(
         ssh.check_launch_ssh(survey),
-        "ssh-unreachable",
+        "slow-node",
         Severity.ERROR,
         (N3,),
         evidence=["did not finish in 30 s"],
-        fix=[N3],
+        fix=[N3, "time ssh"],
         nodes_in_evidence=False,
     )
+
+
+@pytest.mark.parametrize(
+    ("times", "evidence"),
+    [
+        (ProbeTimes(bound="start"), ["ssh did not fail", "had not started after 30 s",
+                                      "other nodes' started in 1.5 s"]),
+        (ProbeTimes(started_s=2.0, phase="peers", bound="silence"),
+         ["started after 2.0 s", "said nothing for 15 s (peers)"]),
+        (ProbeTimes(started_s=2.0, phase="facts", bound="cap"),
+         ["still working (facts) 30 s after ssh began", "3x"]),
+    ],
+)  # fmt: skip
+def test_a_probe_stopped_by_its_pace_says_why(tmp_path, times, evidence):
+    """What `Pace` saw of the probe decides the words: never ssh-unreachable, ssh did not fail."""
+    survey = make_survey(tmp_path, failed={N3: _ssh_failed(N3, "", returncode=None)})
+    survey.times = {N1: ProbeTimes(started_s=1.0), N2: ProbeTimes(started_s=2.0), N3: times}
+    expect_one(ssh.check_launch_ssh(survey), "slow-node", Severity.ERROR, (N3,),
+               evidence=evidence, fix=[N3], nodes_in_evidence=False)  # fmt: skip
+
+
+def test_a_probe_that_started_or_worked_far_later_than_the_others_is_a_warning(survey):
+    survey.times = {N1: ProbeTimes(started_s=0.5), N2: ProbeTimes(started_s=0.7),
+                    N3: ProbeTimes(started_s=12.6)}  # fmt: skip
+    expect_one(ssh.check_slow_nodes(survey), "slow-node", Severity.WARNING, (N3,),
+               evidence=["started after 12.6 s", "median: 0.6 s"], fix=[N3])  # fmt: skip
+    # its own work: the seconds of its sheet, but for the wait at the barrier
+    sheets = sheets_of(survey)
+    for host, seconds in ((N1, 2.0), (N2, 2.5), (N3, 30.0)):
+        sheets[host]["seconds"], sheets[host]["active"]["go_wait"] = seconds, 1.0
+    survey.times = {h: ProbeTimes(started_s=1.0) for h in (N1, N2, N3)}
+    work = ["did its own work in 29.0 s", "median: 1.2 s"]
+    expect_one(ssh.check_slow_nodes(reparsed(survey, sheets)), "slow-node", Severity.WARNING,
+               (N3,), evidence=work, fix=[N3])  # fmt: skip
+
+
+def test_probes_all_slow_alike_or_under_the_floor_are_not_named(survey):
+    """A busy launch machine slows every probe alike: no node is named for it; nor is a node
+    a few seconds behind."""
+    survey.times = {N1: ProbeTimes(started_s=20.0), N2: ProbeTimes(started_s=30.0),
+                    N3: ProbeTimes(started_s=40.0)}  # fmt: skip
+    assert ssh.check_slow_nodes(survey) == []
+    survey.times = {N1: ProbeTimes(started_s=0.2), N2: ProbeTimes(started_s=0.3),
+                    N3: ProbeTimes(started_s=4.5)}  # fmt: skip
+    assert ssh.check_slow_nodes(survey) == []
 
 
 def _node_ssh(sheets, src, dst, rc, stderr):

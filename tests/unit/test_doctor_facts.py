@@ -171,7 +171,7 @@ def test_a_node_answering_with_another_version_fails_in_the_survey_with_the_fix(
         "c": "Welcome!\n",
     }
 
-    def fake_run(nodes, argv, stdin=None, timeout=None):
+    def fake_run(nodes, argv, stdin=None, timeout=None, on_line=None, watch=None):
         return [
             NodeResult(
                 node=n.host,

@@ -126,10 +126,14 @@ def test_send_stream_to_a_closed_port():
 
 
 def _probe(params: dict, cwd) -> dict:
-    """The node probe run here with `params`, its fact sheet parsed."""
+    """The node probe run here with `params`, its fact sheet parsed; behind the barrier, the
+    launch node's word that every peer started follows its program on stdin."""
+    go = {"peers": [p["node"] for p in params.get("peers", [])], "inbound": params.get("inbound"),
+          "bandwidth_from": params.get("bandwidth_from")}  # fmt: skip
+    stdin = node.line("probe", "main", params)
     proc = subprocess.run(
         node.argv(sys.executable, "probe"),
-        input=node.line("probe", "main", params),
+        input=stdin + (json.dumps(go).encode() + b"\n" if params.get("barrier") else b""),
         capture_output=True,
         timeout=60,
         cwd=cwd,

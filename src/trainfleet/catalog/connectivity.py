@@ -100,6 +100,21 @@ ENTRIES: dict[FindingId, Entry] = {
         fix="make the slow startup file return early for non-interactive shells",
         planned=True,
     ),
+    FindingId.SLOW_NODE: Entry(
+        area=_SSH,
+        title="a node answers ssh but its probe starts or works far later than the others'",
+        seen="a launch waits at startup for one node; doctor took long, or (with a fixed time "
+        "budget) called nodes unreachable that `ssh NODE` reaches, when this machine or the "
+        "nodes were busy",
+        detect="each probe says when it started and then that it is alive every second; doctor "
+        "waits while the probes start and work, names a node whose start or own work took over "
+        "3x the other nodes' median (a warning, with the seconds), and one whose probe never "
+        "started or went silent although ssh did not fail (an error)",
+        fix="see what keeps the node busy (`uptime`, `top`) and time its login (`time ssh NODE "
+        "true`): a startup file that waits (conda or pyenv init, a network home) should return "
+        "early for non-interactive shells",
+        sandbox=Sandbox(faults=("slow-login",), tests=("test_doctor_load.py",)),
+    ),
     # ------------------------------------------------------------------ network
     FindingId.IFACE_MISMATCH: Entry(
         area=_NET,

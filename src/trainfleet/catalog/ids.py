@@ -23,6 +23,7 @@ class FindingId(str, enum.Enum):
     REMOTE_PATH_MISSING = "remote-path-missing"
     REMOTE_ENV_DIFFERS = "remote-env-differs"
     LOGIN_SHELL_SLOW = "login-shell-slow"
+    SLOW_NODE = "slow-node"
 
     IFACE_MISMATCH = "iface-mismatch"
     IFACE_WRONG = "iface-wrong"

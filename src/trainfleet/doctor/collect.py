@@ -11,15 +11,19 @@ peer), so that the probes never have to talk to each other through the launch no
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import secrets
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from trainfleet import node as node_programs
-from trainfleet.cluster import Cluster, Node
+from trainfleet.cluster import DEFAULT_CONNECT_TIMEOUT, Cluster, Node
 from trainfleet.doctor.facts import FactSheetError, NodeFacts, read_fact_sheet
+from trainfleet.doctor.pace import GoLine, Pace, ProbeTimes
+from trainfleet.node.probe import MARK
 from trainfleet.remote import Failure, NodeResult, run_on_nodes, ssh_hostnames, ssh_options
 
 EPHEMERAL_PORTS = (40000, 60000)
@@ -57,6 +61,13 @@ PROBE_SECONDS_PER_NODE = 1
 """Extra time the full probe gets per node of the cluster (its node-to-node ssh matrix)."""
 BANDWIDTH_SECONDS = 0.3
 """How long each node streams to its ring successor for the slow-link check."""
+START_SPARE_S = 10
+"""A probe is waited for at least ssh's connect timeout and this much to start (`Pace`), so
+that a node that does not answer ssh is named by ssh's own error."""
+CAP_FACTOR = 3
+"""A started probe may run this many times the time its plan needs on an idle cluster
+(`probe_budget`), at least CAP_MIN_S, while it says it is alive (`Pace`)."""
+CAP_MIN_S = 60
 
 
 @dataclass(kw_only=True, slots=True)
@@ -75,6 +86,10 @@ class Survey:
     (then a COMMAND_FAILED result whose stderr says why, naming the node and the fix)."""
     quick: bool = False
     launch_env: dict[str, str] = field(default_factory=dict)
+    times: dict[str, ProbeTimes] = field(default_factory=dict)
+    """What the launch node saw of each probe: when it started, why it was stopped (`Pace`)."""
+    budget_s: float = 0.0
+    """The seconds a probe needs on an idle cluster of this size (`probe_budget`)."""
 
 
 def _resolve(name: str) -> str | None:
@@ -174,13 +189,7 @@ def plan_params(
     }
     hosts = [n.host for n in cluster.nodes]
     sample = peer_sample(hosts, cluster.master, all_pairs=all_pairs)
-    # Each listener waits for exactly the connections the sample sends it: every node's probe
-    # connects to each peer in its sample that has an address (the others are not its peers).
-    inbound = dict.fromkeys(hosts, 0)
-    for src, targets in sample.items():
-        for dst in targets:
-            if dst != src and addresses[dst]:
-                inbound[dst] += len(listen[dst])
+    inbound = {host: _inbound(host, hosts, sample, listen, addresses) for host in hosts}
     multi = len(cluster.nodes) > 1
     # Bandwidth in a ring, all links at once: node i streams to node i+1 (O(1) rounds).
     ring = [n.host for n in cluster.nodes if addresses[n.host]] if tcp else []
@@ -200,6 +209,7 @@ def plan_params(
             "test_peers": sample[node.host],
             "inbound": inbound[node.host],
             "quick": quick,
+            "barrier": True,
             "share_token": not read_only,
             "extensions_dir": node.env.get("TORCH_EXTENSIONS_DIR"),
             "connect_timeout": PAIR_CONNECT_TIMEOUT_S,
@@ -217,6 +227,54 @@ def plan_params(
             "bandwidth_seconds": BANDWIDTH_SECONDS,
         }
     return params, ports
+
+
+def _inbound(
+    host: str,
+    started: Sequence[str] | frozenset[str],
+    sample: dict[str, list[str]],
+    listen: dict[str, list[int]],
+    addresses: dict[str, str | None],
+) -> int:
+    """The connections `host`'s listeners wait for: one per port from every node in `started`
+    whose sample holds it (a node without an address is no one's peer)."""
+    if not addresses[host]:
+        return 0
+    return sum(len(listen[host]) for src in started if src != host and host in sample[src])
+
+
+def go_lines(params: dict[str, dict], addresses: dict[str, str | None]) -> GoLine:
+    """The barrier's stdin line for each probe (`trainfleet.node.probe.wait_for_go`), given the
+    nodes whose probes started: only those are tested and waited for."""
+    sample = {host: p["test_peers"] for host, p in params.items()}
+    listen = {host: p["listen_ports"] for host, p in params.items()}
+
+    def line(host: str, started: frozenset[str]) -> bytes:
+        go: dict = {"peers": [], "inbound": 0, "bandwidth_from": False}
+        if host in started and params[host]["peers"]:
+            go["peers"] = [h for h in params if h in started]
+            go["inbound"] = _inbound(host, started, sample, listen, addresses)
+            go["bandwidth_from"] = any(
+                (params[src]["bandwidth_to"] or {}).get("node") == host for src in started
+            )
+        return json.dumps(go).encode() + b"\n"
+
+    return line
+
+
+def probe_budget(count: int, quick: bool) -> float:
+    """The seconds a probe needs on an idle cluster of `count` nodes (connects, skew, ssh)."""
+    budget = PAIR_CONNECT_TIMEOUT_S + 2 * start_skew(count)
+    budget += 5 if quick else PEER_SSH_LIMIT_S + 20
+    if not quick:  # the master's probe makes N ssh handshakes: more time when N is large
+        budget += PROBE_SECONDS_PER_NODE * count
+    return budget
+
+
+def strip_marks(result: NodeResult) -> NodeResult:
+    """The result without the probe's lines for the launch node (`Pace`)."""
+    kept = [ln for ln in result.stderr.splitlines(keepends=True) if not ln.startswith(MARK)]
+    return replace(result, stderr="".join(kept))
 
 
 def collect(
@@ -247,14 +305,18 @@ def collect(
     )
     argv = {n.host: _probe_argv(n) for n in cluster.nodes}
     payloads = {host: node_programs.line("probe", "main", p) for host, p in params.items()}
-    budget = (
-        PAIR_CONNECT_TIMEOUT_S
-        + 2 * start_skew(len(cluster.nodes))
-        + (5 if quick else PEER_SSH_LIMIT_S + 20)
+    budget = probe_budget(len(cluster.nodes), quick)
+    connect = max(n.ssh.connect_timeout or DEFAULT_CONNECT_TIMEOUT for n in cluster.nodes)
+    pace = Pace(
+        [n.host for n in cluster.nodes],
+        start_min=connect + START_SPARE_S,
+        cap=max(CAP_FACTOR * budget, CAP_MIN_S),
+        go_line=go_lines(params, addresses),
     )
-    if not quick:  # the master's probe makes N ssh handshakes: more time when N is large
-        budget += PROBE_SECONDS_PER_NODE * len(cluster.nodes)
-    results = run_on_nodes(cluster.nodes, argv, stdin=payloads, timeout=budget)
+    results = run_on_nodes(cluster.nodes, argv, stdin=payloads, on_line=pace.on_line, watch=pace)
+    results = [strip_marks(r) for r in results]
+    survey.times = {n.host: pace.times(n.host) for n in cluster.nodes}
+    survey.budget_s = budget
     for node, result in zip(cluster.nodes, results, strict=True):
         facts = _fact_sheet(result)
         if isinstance(facts, NodeFacts):

@@ -31,6 +31,9 @@ _LOOKUPS = """
 import json, socket, sys, threading, time
 said = threading.Lock()
 def look(address):
+    with said:
+        sys.stdout.write(json.dumps([address, None]) + "\\n")
+        sys.stdout.flush()
     start = time.time()
     try:
         outcome = {"name": socket.getnameinfo(("::ffff:" + address, 0, 0, 0),
@@ -47,16 +50,20 @@ time.sleep(3600)
 """
 """The lookups, in a child process of their own: some builds of Python (Debian's 3.11) let one
 resolver call run at a time, so a lookup that waits on a silent DNS server would hold up every
-name the probe resolves after it (seen: 20 s for two lookups and the probe's own)."""
+name the probe resolves after it (seen: 20 s for two lookups and the probe's own). Each lookup
+says when it starts ([address, null]), then how it ended."""
+LOOKUPS_START_S = 30.0
+"""How long the child may take to start its lookups (a busy node starts Python slowly: that is
+no answer from the resolver, and a lookup that never started is not reported)."""
 
 
 def client_names(addresses, limit):
     """What c10d's store gets when it names the other end of a connection: it listens on both
     stacks and connects in IPv6 form, so an IPv4 peer A is ::ffff:A, and getnameinfo fails with
     EAI_AGAIN (c10d's `err=-3`) when no hosts entry names that form and no DNS server answers.
-    Per address: {"name"} or {"error"}, with the seconds it took; all of them bounded by
-    `limit` (a child process that is killed then)."""
-    found = {}
+    Per address whose lookup started: {"name"} or {"error"}, with the seconds it took; each
+    bounded by `limit` from its start (in a child process, killed then)."""
+    found, began = {}, {}
     if addresses:
         child = subprocess.Popen(
             [sys.executable, "-I", "-c", _LOOKUPS, json.dumps(list(addresses))],
@@ -64,10 +71,14 @@ def client_names(addresses, limit):
             stderr=subprocess.DEVNULL,
             stdin=subprocess.DEVNULL,
         )
-        deadline, pending = time.time() + limit, b""
+        start_by, pending = time.time() + LOOKUPS_START_S, b""
         try:
             while len(found) < len(addresses):
-                left = deadline - time.time()
+                # Each lookup has `limit` from its own start; until all started, the child's.
+                ends = [began[a] + limit for a in began if a not in found]
+                if len(began) < len(addresses):
+                    ends.append(start_by)
+                left = max(ends) - time.time()
                 if left <= 0 or not select.select([child.stdout], [], [], left)[0]:
                     break
                 chunk = os.read(child.stdout.fileno(), 65536)
@@ -76,20 +87,25 @@ def client_names(addresses, limit):
                 pending += chunk
                 while b"\n" in pending:
                     line, pending = pending.split(b"\n", 1)
-                    _take(found, line, addresses)
+                    _take(found, began, line, addresses)
         finally:
             child.kill()
             child.wait()
     late = {"error": "no answer in %gs" % limit, "seconds": limit}
-    return {a: found.get(a) or dict(late) for a in addresses}
+    return {a: found.get(a) or dict(late) for a in addresses if a in began}
 
 
-def _take(found, line, addresses):
+def _take(found, began, line, addresses):
     try:
         address, outcome = json.loads(line.decode())
     except ValueError:
         return
-    if address in addresses and isinstance(outcome, dict):
+    if address not in addresses:
+        return
+    if outcome is None:
+        began.setdefault(address, time.time())
+    elif isinstance(outcome, dict):
+        began.setdefault(address, time.time())
         found[address] = outcome
 
 

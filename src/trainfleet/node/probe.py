@@ -8,6 +8,13 @@ ports, ssh's to every peer (itself included) and writes a token that peers look 
 storage). Every peer starts at the same moment, so a connect refused means "not listening yet"
 and is retried until the deadline, while a timeout means a firewall dropped it.
 `trainfleet.doctor.facts` parses the sheet and checks PROBE_VERSION.
+
+The same moment, also on a busy machine: with `barrier` set, the probe says `started` on stderr
+(MARK) as soon as it runs and `alive PHASE` every BEAT_S, gathers its facts, then waits for one
+stdin line from the launch node before it tests anyone: which peers started (the only ones it
+tests and waits for) and how many connections to expect. The launch node sends it once every
+probe has started (`trainfleet.doctor.pace`), so ssh logins spread over half a minute do not
+turn into closed ports.
 """
 
 import json
@@ -15,6 +22,7 @@ import os
 import shutil
 import socket
 import sys
+import threading
 import time
 
 from trainfleet.node import jitlocks, network, peers, software, system
@@ -22,12 +30,68 @@ from trainfleet.node import jitlocks, network, peers, software, system
 PROBE_VERSION = 1
 ENV_PREFIXES = ("NCCL_", "GLOO_", "MASTER_", "TORCH_", "CUDA_", "DS_", "TP_SOCKET", "PDSH_")
 TOOLS = ("nvcc", "ninja", "torchrun", "deepspeed", "pdsh", "nvidia-smi", "gcc")
+MARK = "trainfleet-probe:"
+BEAT_S = 1.0
 CLIENT_NAME_LIMIT_S = 2.0
 """How long the master's reverse lookups of its clients may take (each rank's connection to
 c10d's store pays one)."""
 
 
+def say(words):
+    """One line for the launch node (MARK, then `words`) on stderr, where the sheet is not."""
+    sys.stderr.write("%s %s\n" % (MARK, words))
+    sys.stderr.flush()
+
+
+class Beat:
+    """`alive PHASE` every BEAT_S from a thread of its own: the probe works while it says so."""
+
+    def __init__(self, phase):
+        self.phase = phase
+        thread = threading.Thread(target=self._run, daemon=True)
+        thread.start()
+
+    def _run(self):
+        while True:
+            time.sleep(BEAT_S)
+            say("alive " + self.phase)
+
+
+def wait_for_go(params, beat):
+    """The launch node's word that every peer started: {"peers": [names], "inbound": count,
+    "bandwidth_from": whether a peer streams to this one};
+    None where the probe is not run behind the barrier, {} where stdin ended without it."""
+    if not params.get("barrier"):
+        return None
+    beat.phase = "waiting"
+    line = sys.stdin.readline()
+    try:
+        go = json.loads(line)
+    except ValueError:
+        return {}
+    return go if isinstance(go, dict) else {}
+
+
+def tested(params, go):
+    """The parameters of the active tests: those of `params`, but for the peers that did not
+    start (behind the barrier)."""
+    if go is None:
+        return params
+    names = set(go.get("peers") or [])
+    params = dict(params)
+    params["peers"] = [p for p in params.get("peers", []) if p["node"] in names]
+    params["inbound"] = go.get("inbound", 0)
+    params["bandwidth_from"] = bool(go.get("bandwidth_from"))
+    target = params.get("bandwidth_to")
+    if target and target.get("node") not in names:
+        params["bandwidth_to"] = None
+    return params
+
+
 def main(params):
+    if params.get("barrier"):
+        say("started")
+    beat = Beat("facts")
     started = time.time()
     workdir = params.get("workdir") or os.getcwd()
     me = params["node"]
@@ -44,7 +108,6 @@ def main(params):
             active["token"] = "written"
         except OSError as exc:
             active["token"] = "not written: %s" % (exc.strerror or exc)
-    threads = peers.active_tests(params, active) if params.get("peers") else []
 
     hostname = socket.gethostname()
     dists = software.dist_infos()
@@ -91,6 +154,14 @@ def main(params):
         if params.get("quick") or not os.path.isdir(workdir)
         else system.code_hash(workdir),
     }
+    waiting = time.time()
+    go = wait_for_go(params, beat)
+    window = time.time() if go is not None else started  # the peers' tests are timed from go
+    if go is not None:
+        active["go_wait"] = round(window - waiting, 3)
+    beat.phase = "peers"
+    params = tested(params, go)
+    threads = peers.active_tests(params, active) if params.get("peers") else []
     for thread in threads:
         thread.join()
     target = params.get("bandwidth_to")
@@ -110,7 +181,7 @@ def main(params):
     inbound = params.get("inbound", len(others) * len(listeners.sockets))
     listeners.close_when(
         inbound + (1 if params.get("bandwidth_from") else 0),
-        started + params.get("connect_timeout", 3) + 2 * params.get("skew", 2),
+        window + params.get("connect_timeout", 3) + 2 * params.get("skew", 2),
     )
     active["listen"] = listeners.status
     active["listen_until"] = listeners.closed_at
@@ -120,6 +191,7 @@ def main(params):
         for addr, (n, first, last) in listeners.streams.items()
         if n > 1 << 16
     }
+    beat.phase = "sheet"
     if share_token:
         seen = set(os.listdir(token_dir)) if os.path.isdir(token_dir) else set()
         active["shared"] = {p["node"]: p["node"] in seen for p in others}

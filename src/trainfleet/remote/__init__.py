@@ -16,6 +16,7 @@ from trainfleet.remote.failures import Failure, NodeResult, classify
 from trainfleet.remote.run import (
     LineCallback,
     PerNode,
+    Watch,
     command_argv,
     run_on_nodes,
     run_on_nodes_async,
@@ -47,5 +48,6 @@ __all__ = [
     "ssh_base_argv",
     "ssh_hostnames",
     "ssh_options",
+    "Watch",
     "worst_returncode",
 ]

@@ -1,5 +1,6 @@
 """Running one argv on many nodes at once: one local process per node (ssh, or the argv
-itself for this machine), output read as it comes, a timeout per node, results in node order.
+itself for this machine), output read as it comes, a timeout per node (or a `Watch` that moves
+each node's deadline with its work), results in node order.
 
     >>> worst_returncode([])
     0
@@ -22,6 +23,10 @@ from trainfleet.remote.ssh import node_argv
 
 _DRAIN_AFTER_EXIT_S = 2.0
 """After ssh exits, how long to wait for its pipes to close (a background child may hold them)."""
+
+
+_WATCH_POLL_S = 0.5
+"""How often a `Watch`'s deadlines are read again (they move as the nodes' output comes)."""
 
 
 LineCallback = Callable[[str, str, str], None]
@@ -57,6 +62,58 @@ def _hand_over(line: Line, node: str, name: str, on_line: LineCallback) -> None:
         on_line(node, name, f"trainfleet: {dropped} (a line is cut at {LINE_CAP} bytes)")
 
 
+class Watch:
+    """A run that follows each node's work instead of one timeout: the caller subclasses it.
+    `deadline(node)`: when the node's run is stopped (monotonic seconds; None: no bound), read
+    again while the run goes on; `more_stdin(node)`: bytes written to the node's stdin after
+    the first ones, when the caller knows them (stdin is closed after them; None: closed at
+    once); `ended(node)`: the node's process exited. Lines reach the caller through `on_line`."""
+
+    def deadline(self, node: str) -> float | None:
+        return None
+
+    async def more_stdin(self, node: str) -> bytes | None:
+        return None
+
+    def ended(self, node: str) -> None:
+        return None
+
+
+async def _feed(
+    proc: asyncio.subprocess.Process, node: str, stdin: bytes, watch: Watch | None
+) -> None:
+    try:
+        proc.stdin.write(stdin)
+        await proc.stdin.drain()
+        more = await watch.more_stdin(node) if watch is not None else None
+        if more:
+            proc.stdin.write(more)
+            await proc.stdin.drain()
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the command exited (or ssh failed) before reading it all; its status says why
+    proc.stdin.close()
+
+
+async def _wait(
+    proc: asyncio.subprocess.Process, node: str, limit: float | None, watch: Watch | None
+) -> bool:
+    """Wait for the process until its deadline (`limit`, or the watch's as it moves); True:
+    it was killed for it."""
+    waiting = asyncio.ensure_future(proc.wait())
+    while True:
+        deadline = watch.deadline(node) if watch is not None else limit
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            _kill_group(proc)
+            await waiting
+            return True
+        if watch is not None:
+            left = _WATCH_POLL_S if left is None else min(left, _WATCH_POLL_S)
+        done, _ = await asyncio.wait({waiting}, timeout=left)
+        if done:
+            return False
+
+
 def _kill_group(proc: asyncio.subprocess.Process) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -70,6 +127,7 @@ async def _run_one(
     stdin: bytes | None,
     timeout: float | None,
     on_line: LineCallback | None,
+    watch: Watch | None = None,
 ) -> NodeResult:
     cmd = node_argv(node, argv)
     start = time.monotonic()
@@ -96,20 +154,14 @@ async def _run_one(
         asyncio.ensure_future(_pump(proc.stdout, out, node.host, "stdout", on_line)),
         asyncio.ensure_future(_pump(proc.stderr, err, node.host, "stderr", on_line)),
     ]
-    if stdin is not None:
-        try:
-            proc.stdin.write(stdin)
-            await proc.stdin.drain()
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the command exited (or ssh failed) before reading it all; its status says why
+    feeding = asyncio.ensure_future(_feed(proc, node.host, stdin, watch)) if stdin else None
+    if stdin is not None and feeding is None:
         proc.stdin.close()
-    timed_out = False
-    try:
-        await asyncio.wait_for(proc.wait(), timeout)
-    except asyncio.TimeoutError:
-        timed_out = True
-        _kill_group(proc)
-        await proc.wait()
+    timed_out = await _wait(proc, node.host, None if timeout is None else start + timeout, watch)
+    if feeding is not None and not feeding.done():
+        feeding.cancel()
+    if watch is not None:
+        watch.ended(node.host)
     # A persisted ssh master or a backgrounded remote child can hold the pipes open after the
     # command is done; bound the wait for EOF instead of hanging on it.
     _, pending = await asyncio.wait(pumps, timeout=_DRAIN_AFTER_EXIT_S)
@@ -137,10 +189,12 @@ async def run_on_nodes_async(
     stdin: bytes | Mapping[str, bytes] | None = None,
     timeout: float | None = None,
     on_line: LineCallback | None = None,
+    watch: Watch | None = None,
 ) -> list[NodeResult]:
     """Run `argv` on every node at once; results in the order of `nodes`.
 
-    `argv` and `stdin` may be mappings from node host to that node's own value.
+    `argv` and `stdin` may be mappings from node host to that node's own value. With `watch`,
+    its deadlines bound each node instead of `timeout`.
     """
     if any(not node.is_local for node in nodes) and shutil.which("ssh") is None:
         raise RemoteError("no `ssh` client on this machine", "install openssh-client")
@@ -149,7 +203,7 @@ async def run_on_nodes_async(
     return list(
         await asyncio.gather(
             *(
-                _run_one(node, per_argv[node.host], per_stdin[node.host], timeout, on_line)
+                _run_one(node, per_argv[node.host], per_stdin[node.host], timeout, on_line, watch)
                 for node in nodes
             )
         )
@@ -163,14 +217,16 @@ def run_on_nodes(
     stdin: bytes | Mapping[str, bytes] | None = None,
     timeout: float | None = None,
     on_line: LineCallback | None = None,
+    watch: Watch | None = None,
 ) -> list[NodeResult]:
     """Synchronous `run_on_nodes_async`: run `argv` on every node at once.
 
     `stdin` is sent to each node (how the probe travels); `timeout` bounds each node's run,
-    connect included; `on_line` sees output lines as they arrive.
+    connect included; `on_line` sees output lines as they arrive; `watch` (`Watch`) moves each
+    node's deadline with its work and may write more to its stdin.
     """
     return asyncio.run(
-        run_on_nodes_async(nodes, argv, stdin=stdin, timeout=timeout, on_line=on_line)
+        run_on_nodes_async(nodes, argv, stdin=stdin, timeout=timeout, on_line=on_line, watch=watch)
     )
 
 

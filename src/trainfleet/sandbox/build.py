@@ -14,6 +14,7 @@ import ipaddress
 import json
 import os
 import re
+import shlex
 import socket
 import subprocess
 import time
@@ -30,6 +31,7 @@ from trainfleet.sandbox.faults import (
     FAULTS,
     SILENT_RESOLVER,
     SLOW_LINK_RATE,
+    SLOW_LOGIN_S,
     SMALL_MTU,
     firewall_rules,
     parse_fault,
@@ -305,6 +307,8 @@ def _build(sandbox: Sandbox) -> None:
             _write(Path("/etc/netns") / ns / "resolv.conf", f"nameserver {SILENT_RESOLVER}\n")
         bare_env = node.index in _faulted(sandbox, "remote-env-differs")
         shell = "/bin/sh" if bare_env else sandbox.login_shell
+        if node.index in _faulted(sandbox, "slow-login"):
+            shell = _slow_shell(node_dir, shell or _root_shell())
         # root's sessions start in its home: on a planted node, the directory planted.
         home = login_dir if user is None and login_dir.exists() else None
         if shell or home:
@@ -330,6 +334,22 @@ def _build(sandbox: Sandbox) -> None:
     _start_sshds(sandbox)
     _throttle_cpus(sandbox)
     _start_port_holders(sandbox)
+
+
+def _root_shell() -> str:
+    for line in Path("/etc/passwd").read_text().splitlines():
+        fields = line.split(":")
+        if fields[0] == "root" and len(fields) == 7 and fields[6]:
+            return fields[6]
+    return "/bin/sh"
+
+
+def _slow_shell(node_dir: Path, shell: str) -> str:
+    """The `slow-login` fault's login shell: waits SLOW_LOGIN_S, then is `shell`."""
+    script = node_dir / "slow-login"
+    _write(script, f'#!/bin/sh\nsleep {SLOW_LOGIN_S}\nexec {shlex.quote(shell)} "$@"\n')
+    script.chmod(0o755)
+    return str(script)
 
 
 def _passwd_for_root(shell: str | None, home: Path | None) -> str:

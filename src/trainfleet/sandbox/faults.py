@@ -92,6 +92,12 @@ FAULTS: dict[str, FaultKind] = {
         "the node's resolver (127.0.0.53) never answers, as on air-gapped clusters, and its "
         "/etc/hosts names no IPv4-mapped address: a reverse lookup waits glibc's 5 s x 2 tries",
     ),
+    "slow-login": FaultKind(
+        FindingId.SLOW_NODE,
+        "last",
+        "root's login shell on the node waits SLOW_LOGIN_S before it runs anything (a startup "
+        "file that waits: conda or pyenv init, a network home)",
+    ),
     "hostname-impostor": FaultKind(
         None, "last", "`hostname` on the node answers another node's name (root there sets any)"
     ),
@@ -117,6 +123,7 @@ SLOW_LINK_RATE = "50mbit"
 DECOYS = {"virbr0": "192.168.122.1/24", "docker0": "172.17.0.1/16"}
 """libvirt's and docker's bridges: NCCL skips docker* by default but not virbr*."""
 BARE_PATH = "/usr/bin:/bin:/usr/sbin:/sbin"
+SLOW_LOGIN_S = 12
 SILENT_RESOLVER = "127.0.0.53"
 """Where a `dns-unreachable` node's resolv.conf points: a UDP socket there takes the queries
 and never answers (as a stub resolver whose upstream is unreachable)."""

@@ -13,6 +13,7 @@ from trainfleet.doctor.findings import Finding, merge
 CHECKS = (
     ssh.check_launch_ssh,
     ssh.check_node_to_node_ssh,
+    ssh.check_slow_nodes,
     software.check_paths,
     network.check_firewall,
     network.check_port_in_use,

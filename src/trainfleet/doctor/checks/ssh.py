@@ -6,9 +6,12 @@
 
 from __future__ import annotations
 
+import statistics
+
 from trainfleet.catalog import FindingId
-from trainfleet.doctor.collect import Survey
+from trainfleet.doctor.collect import CAP_FACTOR, Survey
 from trainfleet.doctor.findings import Finding, Severity
+from trainfleet.doctor.pace import STALL_S
 from trainfleet.remote import Failure, classify
 
 
@@ -29,14 +32,91 @@ def check_launch_ssh(survey: Survey) -> list[Finding]:
         elif result.failure is Failure.TIMED_OUT:
             findings.append(
                 Finding(
-                    id=FindingId.SSH_UNREACHABLE,
+                    id=FindingId.SLOW_NODE,
                     severity=Severity.ERROR,
                     nodes=(host,),
-                    evidence=[f"the probe did not finish in {result.duration_s:.0f} s"],
-                    fix=f"check that {host} is responsive: `ssh {host} uptime`",
+                    evidence=[_stopped(survey, host, result.duration_s)],
+                    fix=_slow_fix(host),
                 )
             )
     return findings
+
+
+SLOW_FACTOR = 3
+"""A probe is late when its start or its own work takes this many times the other nodes'
+median..."""
+SLOW_FLOOR_S = 5.0
+"""...and more than this many seconds."""
+
+
+def _slow_fix(host: str) -> str:
+    return (
+        f"see what keeps {host} busy (`ssh {host} uptime`, `top`) and time its login "
+        f"(`time ssh {host} true`): a startup file that waits (conda or pyenv init, a network "
+        "home) should return early for non-interactive shells"
+    )
+
+
+def _started_median(survey: Survey, host: str) -> float | None:
+    others = [t.started_s for h, t in survey.times.items() if h != host and t.started_s is not None]
+    return statistics.median(others) if others else None
+
+
+def _stopped(survey: Survey, host: str, seconds: float) -> str:
+    """Why doctor stopped waiting for a probe, from what the launch node saw of it (`Pace`)."""
+    times = survey.times.get(host)
+    if times is None or times.bound is None:
+        return f"the probe did not finish in {seconds:.0f} s"
+    if times.started_s is None:
+        median = _started_median(survey, host)
+        others = f" (the other nodes' started in {median:.1f} s)" if median is not None else ""
+        return (
+            f"ssh did not fail, but the probe had not started after {seconds:.0f} s{others}: "
+            "the login shell or Python there is slow or waits"
+        )
+    phase = f" ({times.phase})" if times.phase else ""
+    if times.bound == "silence":
+        return (
+            f"the probe started after {times.started_s:.1f} s, then said nothing for "
+            f"{STALL_S:.0f} s{phase}: the node stopped answering"
+        )
+    return (
+        f"the probe started after {times.started_s:.1f} s and was still working{phase} "
+        f"{seconds:.0f} s after ssh began ({CAP_FACTOR}x what this cluster's probe needs)"
+    )
+
+
+def check_slow_nodes(survey: Survey) -> list[Finding]:
+    """Probes that came back, but far later than the others: their start (ssh login, shell,
+    Python) or their own work (facts, tests) took over SLOW_FACTOR x the other nodes' median."""
+    starts = {h: t.started_s for h, t in survey.times.items() if t.started_s is not None}
+    works = {
+        host: facts.seconds - (facts.active.go_wait or 0.0)
+        for host, facts in survey.facts.items()
+        if facts.seconds is not None
+    }
+    evidence: dict[str, list[str]] = {}
+    for host in survey.facts:
+        for seconds, what in ((starts, "started"), (works, "did its own work in")):
+            if host not in seconds or len(seconds) < 2:
+                continue
+            median = statistics.median(s for h, s in seconds.items() if h != host)
+            if seconds[host] > max(SLOW_FLOOR_S, SLOW_FACTOR * median):
+                when = "after " if what == "started" else ""
+                evidence.setdefault(host, []).append(
+                    f"{host}'s probe {what} {when}{seconds[host]:.1f} s; the other nodes' "
+                    f"median: {median:.1f} s"
+                )
+    return [
+        Finding(
+            id=FindingId.SLOW_NODE,
+            severity=Severity.WARNING,
+            nodes=(host,),
+            evidence=[*lines, "a launch waits for this node as long at every start"],
+            fix=_slow_fix(host),
+        )
+        for host, lines in evidence.items()
+    ]
 
 
 def check_node_to_node_ssh(survey: Survey) -> list[Finding]:

@@ -276,6 +276,7 @@ def _active(raw: object) -> Active:
         shared=_map(raw.get("shared"), _bool),
         bandwidth_send=_str(raw.get("bandwidth_send")),
         bandwidth_in=_map(raw.get("bandwidth_in"), _transfer),
+        go_wait=_float(raw.get("go_wait")),
     )
 
 

@@ -242,6 +242,8 @@ class Active:
     """peer -> whether its token is seen in this node's workdir (shared storage)."""
     bandwidth_send: str | None = None
     bandwidth_in: Mapping[str, Transfer] = field(default_factory=dict)
+    go_wait: float | None = None
+    """Seconds the probe waited for every peer to start before its tests (`doctor/pace.py`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
