@@ -32,6 +32,7 @@ SECONDS = {
     "test_migration.py": 143,
     "test_third_party.py": 122,
     "test_doctor.py": 87,
+    "test_doctor_load.py": 30,
     "test_commtest.py": 28,
     "test_sandbox_exec.py": 17,
     "test_sandbox_faults.py": 10,

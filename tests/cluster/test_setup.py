@@ -561,7 +561,7 @@ def test_setup_hosts_where_dns_never_answers_and_revert_restores_etc_hosts_exact
 ):
     """Both nodes' resolver takes queries and never answers (`dns-unreachable`: glibc's 5 s x 2
     tries), as on air-gapped clusters. doctor warns with the seconds a launch loses, and a
-    launch's plan says so; `setup hosts` adds a line per missing name (the master: every node's,
+    launch's plan says so and sets RES_OPTIONS for its processes (1 s per lookup); `setup hosts` adds a line per missing name (the master: every node's,
     its own included; the other node: the master's), recorded; then no warning, a launch prints
     no `err=-3` and a second run changes nothing; --revert restores both nodes' /etc/hosts byte
     for byte."""
@@ -575,7 +575,11 @@ def test_setup_hosts_where_dns_never_answers_and_revert_restores_etc_hosts_exact
     assert set(warning.nodes) == {"gpu-node-1", "gpu-node-2"}, warning
     assert "about 20 s more to start" in "\n".join(warning.evidence), warning
     code, planned = _launch("-c", str(cluster_file), "--dry-run")
-    assert code == 0 and "this launch about 20 s more to start" in planned, planned
+    # without /etc/hosts lines, launch shortens each lookup that gets no answer to glibc's 1 s
+    assert code == 0 and "this launch about 2 s more to start" in planned, planned
+    assert "RES_OPTIONS=timeout:1 attempts:1 set for its processes" in planned, planned
+    each = "RES_OPTIONS='timeout:1 attempts:1'  # the node's resolver does not answer"
+    assert planned.count(each) == 2, planned
     argv = ["setup", "hosts", "-c", str(cluster_file)]
 
     code, out, _ = _run([*argv, "--yes", "--json"], capsys, monkeypatch)

@@ -21,7 +21,7 @@ from dataclasses import replace
 
 from trainfleet import node as node_programs
 from trainfleet.catalog import FindingId
-from trainfleet.doctor.checks.network import chosen_interfaces
+from trainfleet.doctor.checks.network import LOOKUP_OPTIONS, chosen_interfaces, unnamed_mapped
 from trainfleet.doctor.checks.software import node_versions
 from trainfleet.doctor.collect import EPHEMERAL_PORTS, Survey
 from trainfleet.doctor.facts import Imports, parse_imports
@@ -122,9 +122,11 @@ def run_stack(
         nodes = [n for n in nodes if _has_stack(survey.facts[n.host])]
     argv, calls = {}, {}
     chosen = chosen_interfaces(survey)  # the interface launch would set, pinned or routed
+    silent = unnamed_mapped(survey)  # each rank's store lookup: 1 s there, as in a launch
     for rank, node in enumerate(nodes):
         iface = chosen[node.host]
         env = [f"GLOO_SOCKET_IFNAME={iface}"] if iface else []
+        env += [f"RES_OPTIONS={LOOKUP_OPTIONS}"] if node.host in silent else []
         argv[node.host] = ["env", *env, *node_programs.argv(node.python, "collective")]
         group = {
             "addr": survey.master_addr, "port": port, "rank": rank, "world": world,

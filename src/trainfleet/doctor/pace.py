@@ -21,8 +21,8 @@ started and how many connections to expect. A probe that starts after that tests
     >>> pace.ready(), pace.deadline("b")  # b not started: 10 s after the last start (>= 12 s)
     (False, 15.0)
     >>> now[0] = 6.0; pace.on_line("b", "stderr", "trainfleet-probe: started")
-    >>> pace.ready(), pace.deadline("a")  # both started; a: 15 s after it last said a word
-    (True, 20.0)
+    >>> pace.ready(), pace.deadline("a")  # both started; a: STALL_S after its last word
+    (True, 50.0)
 """
 
 from __future__ import annotations
@@ -37,9 +37,11 @@ from trainfleet.remote import Watch
 
 START_GAP_S = 10.0
 """After the last probe started, how long one that has not started yet is waited for."""
-STALL_S = 15.0
-"""A started probe that has said nothing for this long has stopped (it says `alive` every
-second: on a machine busy enough to delay that by 15 s, nothing would work)."""
+STALL_S = 45.0
+"""A started probe that has said nothing for this long has stopped. It says `alive` every
+second, but a name lookup holds the whole process in some Python builds (Debian's 3.11 keeps
+the GIL in getaddrinfo and getnameinfo), and the probe resolves up to three names itself (its
+own, the master's, its FQDN): 10 s each where the resolver never answers (glibc's defaults)."""
 _POLL_S = 0.2
 
 GoLine = Callable[[str, frozenset[str]], bytes]

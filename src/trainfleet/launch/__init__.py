@@ -29,7 +29,12 @@ from trainfleet import node as node_programs
 from trainfleet.catalog import FindingId
 from trainfleet.cluster import Cluster
 from trainfleet.doctor import DoctorReport, run_doctor
-from trainfleet.doctor.checks.network import listeners_besides_probe, mapped_lookup_wait
+from trainfleet.doctor.checks.network import (
+    LOOKUP_OPTIONS,
+    listeners_besides_probe,
+    mapped_lookup_wait,
+    unnamed_mapped,
+)
 from trainfleet.doctor.findings import Severity
 from trainfleet.errors import TrainfleetError
 from trainfleet.files import write_private
@@ -90,6 +95,7 @@ def new_run_id() -> str:
 
 def launch_facts(report: DoctorReport) -> dict[str, LaunchFacts]:
     survey = report.survey
+    silent = set(unnamed_mapped(survey)) if survey else set()
     facts = {}
     for host, info in report.nodes.items():
         if not info.get("reachable"):
@@ -107,6 +113,7 @@ def launch_facts(report: DoctorReport) -> dict[str, LaunchFacts]:
             gpus=info.get("gpus") or 0,
             listening=tuple(listening),
             python_version=_minor_version(sheet.python.version if sheet else None),
+            silent_resolver=host in silent,
         )
     return facts
 
@@ -176,7 +183,8 @@ def prepare(
         launch_cwd=os.getcwd(),
         run_dir=run_dir,
     )
-    if report.survey and (wait := mapped_lookup_wait(report.survey)) and wait[0] >= 1:
+    wait = mapped_lookup_wait(report.survey) if report.survey else None
+    if wait is not None and wait[0] >= 1:
         plan.notes.append(_lookup_note(plan, *wait))
     return plan, report
 
@@ -184,10 +192,19 @@ def prepare(
 def _lookup_note(plan: Plan, seconds: float, host: str) -> str:
     """What the nodes' silent resolver costs this launch (doctor's `err=-3` warning)."""
     waits = 1 if plan.options.backend == "deepspeed" else 2  # torchrun: its agent, then ranks
+    envs = backend_for(plan).node_envs(plan)
+    ours = any(env.get("RES_OPTIONS") == LOOKUP_OPTIONS for env in envs.values())
+    each = 1.0 if ours else seconds
+    what = (
+        f" (RES_OPTIONS={LOOKUP_OPTIONS} set for its processes: 1 s per lookup instead of"
+        f" {seconds:g}; RES_OPTIONS in cluster.yaml's env wins)"
+        if ours
+        else ""
+    )
     return (
         f"{host} cannot name the IPv4-mapped addresses c10d looks up and its resolver does not"
-        f" answer: every process that joins waits about {seconds:g} s once before it connects,"
-        f" this launch about {waits * seconds:g} s more to start (`err=-3` lines);"
+        f" answer: every process that joins waits once before it connects, this launch about"
+        f" {waits * each:g} s more to start{what} (`err=-3` lines);"
         " `trainfleet setup hosts` adds the /etc/hosts lines that end it"
     )
 

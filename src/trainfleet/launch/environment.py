@@ -50,6 +50,10 @@ NO_GPU = "no GPU on the node"
 SLOT_LIST = "the node's slot list"
 TRAINFLEET = "trainfleet"
 DEFAULTS = "trainfleet's default"
+SILENT_RESOLVER = "the node's resolver does not answer"
+"""The source of RES_OPTIONS=LOOKUP_OPTIONS (`doctor.checks.network`), set on a node whose
+resolver did not answer the reverse lookups c10d makes; the user's RES_OPTIONS (cluster.yaml's
+env, .deepspeed_env) wins."""
 
 FLIGHT_RECORDER = {"TORCH_FR_BUFFER_SIZE": "2000"}
 """Collectives each rank's Flight Recorder keeps (a ring: the last 2000), for gloo and NCCL. NCCL's

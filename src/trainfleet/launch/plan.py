@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from trainfleet.cluster import Cluster, check_host
+from trainfleet.doctor.checks.network import LOOKUP_OPTIONS
 from trainfleet.launch import environment
 from trainfleet.launch.environment import EnvBuilder
 from trainfleet.launch.masking import masked, masked_argv
@@ -82,6 +83,9 @@ class LaunchFacts:
     listening: tuple[int, ...] = ()
     python_version: tuple[int, int] | None = None
     """(major, minor) of the node's python, where its probe said."""
+    silent_resolver: bool = False
+    """The node's resolver did not answer the reverse lookups c10d makes there (doctor's
+    `hostname-unresolvable` warning with its seconds): RES_OPTIONS shortens each wait."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -164,6 +168,8 @@ def node_env(
     node = cluster.node(host)
     env = EnvBuilder()
     env.update(environment.FLIGHT_RECORDER, environment.DEFAULTS)
+    if facts.silent_resolver:
+        env.update({"RES_OPTIONS": LOOKUP_OPTIONS}, environment.SILENT_RESOLVER)
     for source, values in user:
         env.update(values, source)
     env.update(cluster.env, environment.CLUSTER_YAML)

@@ -30,10 +30,11 @@ def resolve(name):
 _LOOKUPS = """
 import json, socket, sys, threading, time
 said = threading.Lock()
-def look(address):
+def tell(address, outcome):
     with said:
-        sys.stdout.write(json.dumps([address, None]) + "\\n")
+        sys.stdout.write(json.dumps([address, outcome]) + "\\n")
         sys.stdout.flush()
+def look(address):
     start = time.time()
     try:
         outcome = {"name": socket.getnameinfo(("::ffff:" + address, 0, 0, 0),
@@ -41,17 +42,19 @@ def look(address):
     except (OSError, ValueError) as exc:
         outcome = {"error": str(exc)}
     outcome["seconds"] = round(time.time() - start, 3)
-    with said:
-        sys.stdout.write(json.dumps([address, outcome]) + "\\n")
-        sys.stdout.flush()
-for address in json.loads(sys.argv[1]):
+    tell(address, outcome)
+addresses = json.loads(sys.argv[1])
+for address in addresses:
+    tell(address, None)
+for address in addresses:
     threading.Thread(target=look, args=(address,), daemon=True).start()
 time.sleep(3600)
 """
 """The lookups, in a child process of their own: some builds of Python (Debian's 3.11) let one
-resolver call run at a time, so a lookup that waits on a silent DNS server would hold up every
-name the probe resolves after it (seen: 20 s for two lookups and the probe's own). Each lookup
-says when it starts ([address, null]), then how it ended."""
+resolver call run at a time (and nothing else run meanwhile), so a lookup that waits on a
+silent DNS server would hold up every name the probe resolves after it (seen: 20 s for two
+lookups and the probe's own). The child first says it runs ([address, null] for each: their
+bound starts there, not while Python starts on a busy node), then how each lookup ended."""
 LOOKUPS_START_S = 30.0
 """How long the child may take to start its lookups (a busy node starts Python slowly: that is
 no answer from the resolver, and a lookup that never started is not reported)."""

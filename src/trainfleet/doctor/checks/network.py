@@ -224,6 +224,13 @@ def _wait_s(facts: NodeFacts, lookups: dict[str, ClientName]) -> float | None:
     return facts.resolver.unanswered_s
 
 
+LOOKUP_OPTIONS = "timeout:1 attempts:1"
+"""RES_OPTIONS for the processes of a launch or of doctor's stack phase on a node whose resolver
+does not answer the reverse lookups c10d makes there: a lookup that gets no answer then waits
+glibc's floor, 1 s, instead of timeout x attempts per server (10 s with the defaults), and
+nothing on the node changes; `setup hosts`' /etc/hosts lines end the wait."""
+
+
 def mapped_lookup_wait(survey: Survey) -> tuple[float, str] | None:
     """The longest wait for a failed IPv4-mapped lookup, and its node (None: no such lookup,
     or none whose length is known). Each process that joins a launch waits for one."""
@@ -281,7 +288,9 @@ def check_client_names(survey: Survey) -> list[Finding]:
             fix=f"`trainfleet setup hosts` adds the {lines} /etc/hosts line(s), e.g. {example}"
             " (a name of its own for each: the node's own name would then also resolve to the"
             " IPv6 form); it records them and `--revert` removes exactly those. Or give the"
-            " nodes a DNS server that answers",
+            " nodes a DNS server that answers. Until then `trainfleet launch` sets"
+            f" RES_OPTIONS={LOOKUP_OPTIONS} for its processes there (glibc's floor: 1 s per"
+            " lookup that gets no answer)",
         )
     ]
 
