@@ -561,10 +561,10 @@ def test_setup_hosts_where_dns_never_answers_and_revert_restores_etc_hosts_exact
 ):
     """Both nodes' resolver takes queries and never answers (`dns-unreachable`: glibc's 5 s x 2
     tries), as on air-gapped clusters. doctor warns with the seconds a launch loses, and a
-    launch's plan says so and sets RES_OPTIONS for its processes (1 s per lookup); `setup hosts` adds a line per missing name (the master: every node's,
-    its own included; the other node: the master's), recorded; then no warning, a launch prints
-    no `err=-3` and a second run changes nothing; --revert restores both nodes' /etc/hosts byte
-    for byte."""
+    launch's plan says so and sets RES_OPTIONS for its processes (1 s per lookup); `setup
+    hosts` adds a line per missing name (the master: every node's, its own included; the other
+    node: the master's), recorded; then no warning, a launch prints no `err=-3` and a second
+    run changes nothing; --revert restores both nodes' /etc/hosts byte for byte."""
     box = make_box(7, nodes=2, faults=["dns-unreachable@1", "dns-unreachable@2"])
     cluster_file = tmp_path / "cluster.yaml"
     shutil.copy(box.cluster_file, cluster_file)
