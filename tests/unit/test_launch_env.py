@@ -92,6 +92,33 @@ def test_the_runner_s_exports_reach_every_rank_on_both_backends(dirs):
         assert envs["gpu-node-2"]["NCCL_DEBUG"] == "WARN"  # the node's own cluster.yaml value
 
 
+def test_a_node_whose_resolver_does_not_answer_gets_short_lookups_unless_the_user_set_them(dirs):
+    """doctor saw gpu-node-2's reverse lookups get no answer: its processes get RES_OPTIONS (1 s
+    per lookup), on both backends; gpu-node-1 none; a RES_OPTIONS in cluster.yaml wins."""
+    home, cwd = dirs
+    facts = {**FACTS, "gpu-node-2": LaunchFacts(interface="ens14f1", silent_resolver=True)}
+    cluster = parse_cluster_yaml(CLUSTER, "cluster.yaml")
+    ssh = plan_launch(cluster, facts, LaunchOptions(command=("train.py",), run_id="r1"),
+                      master_addr="10.0.0.11", launch_env={"HOME": str(home)},
+                      launch_cwd=str(cwd))  # fmt: skip
+    ds = _ds_plan(cluster, home, cwd, {}, facts=facts)
+    for envs in ({n.host: n.env for n in ssh.nodes}, {e.host: e.env for e in ds.node_table}):
+        assert envs["gpu-node-2"]["RES_OPTIONS"] == "timeout:1 attempts:1"
+        assert "RES_OPTIONS" not in envs["gpu-node-1"]
+    assert "RES_OPTIONS='timeout:1 attempts:1'  # the node's resolver does not answer" in (
+        render_plan(ssh)
+    )
+    own = parse_cluster_yaml(CLUSTER.replace("{NCCL_IB_HCA: mlx5_0}",
+                                             "{NCCL_IB_HCA: mlx5_0, RES_OPTIONS: 'attempts:3'}"),
+                             "cluster.yaml")  # fmt: skip
+    mine = plan_launch(own, facts, LaunchOptions(command=("train.py",), run_id="r1"),
+                       master_addr="10.0.0.11", launch_env={"HOME": str(home)},
+                       launch_cwd=str(cwd))  # fmt: skip
+    assert {n.host: n.env["RES_OPTIONS"] for n in mine.nodes} == dict.fromkeys(
+        ("gpu-node-1", "gpu-node-2"), "attempts:3"
+    )
+
+
 def test_deepspeed_env_files_are_read_home_then_launch_directory_and_merged(dirs):
     home, cwd = dirs
     (home / ".deepspeed_env").write_text("NCCL_IB_HCA=mlx5_1\nFROM_HOME=1\nBOTH=home\n")
