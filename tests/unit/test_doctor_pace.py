@@ -152,6 +152,7 @@ def test_the_probe_behind_the_barrier_says_it_started_and_tests_only_the_peers_n
     cluster = load_cluster(hosts="a,b")
     params, _ = plan_params(cluster, {"a": "127.0.0.1", "b": "127.0.0.1"}, quick=True,
                             rng=random.Random(2))  # fmt: skip
+    params["a"]["workdir"] = str(tmp_path)  # its shared-storage token goes there
     go = json.dumps({"peers": ["a"], "inbound": 0, "bandwidth_from": False}).encode() + b"\n"
     proc = subprocess.run(node.argv(sys.executable, "probe"),
                           input=node.line("probe", "main", params["a"]) + go,
