@@ -139,7 +139,7 @@ def _cpu_hogs(count: int):
 
 def _login_seconds(box: sandbox.Sandbox) -> float:
     """The median of 3 `ssh NODE true` to the last node: what one login costs on this bed."""
-    argv = ["ssh", "-F", str(box.state_dir / "ssh_config"), box.nodes[-1].hostname, "true"]
+    argv = ["ssh", "-F", str(box.ssh_config), box.nodes[-1].hostname, "true"]
     took = []
     for _ in range(3):
         start = time.perf_counter()
@@ -148,7 +148,10 @@ def _login_seconds(box: sandbox.Sandbox) -> float:
     return statistics.median(took)
 
 
-def bench_size(count: int, repeat: int, bed: Bed, quick_only: bool) -> dict[str, dict]:
+def bench_size(
+    count: int, repeat: int, bed: Bed, quick_only: bool
+) -> tuple[dict[str, dict], float]:
+    """The median run of each kind at this size on this bed, and the bed's login seconds."""
     name = f"bd{count}"
     faults = [f"dns-unreachable@{i}" for i in range(1, count + 1)] if bed.dns else []
     box = sandbox.up(nodes=count, name=name, login_shell=bed.shell, faults=faults)
@@ -161,8 +164,8 @@ def bench_size(count: int, repeat: int, bed: Bed, quick_only: bool) -> dict[str,
                 rows["quick" if quick else "full"] = _median(
                     [_doctor(box.cluster_file, quick, cpu) for _ in range(repeat)]
                 )
-            rows["login"] = {"wall": _login_seconds(box)}
-        return rows
+            login = _login_seconds(box)
+        return rows, login
     finally:
         sandbox.down(name)
         cpu.remove()
@@ -218,11 +221,10 @@ def main() -> int:
         )
         for count, quick_only in plan:
             try:
-                rows = bench_size(count, args.repeat, bed, quick_only)
+                rows, login = bench_size(count, args.repeat, bed, quick_only)
             except BenchFailure as exc:
                 print(f"{count:>5}  did not pass: {exc}", flush=True)
                 continue
-            login = rows.pop("login")["wall"]
             for kind, run in rows.items():
                 target = (QUICK_TARGETS if kind == "quick" else TARGETS).get(count)
                 base = first.setdefault((count, kind), run["wall"])

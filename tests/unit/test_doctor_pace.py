@@ -51,7 +51,7 @@ def test_the_barrier_waits_while_probes_keep_starting_then_lets_the_started_ones
     assert not pace.ready()
     assert pace.deadline("c") == 100.0 + 18.0 + START_GAP_S
     clock.now = 100.0 + 18.0 + START_GAP_S
-    assert pace.ready() and pace.started_together() == {"a", "b"}
+    assert pace.ready() and asyncio.run(pace.more_stdin("a")) == b'["a", "b"]'
     assert pace.times("c").bound == "start"
     # c starting now tests no one: its line names no peers
     _say(pace, clock, "c", 30.0, "started")
@@ -64,7 +64,7 @@ def test_the_barrier_opens_at_once_when_every_probe_started_or_ended():
     _say(pace, clock, "b", 0.6, "started")
     assert not pace.ready()
     pace.ended("c")  # its ssh failed: ssh's own error names it
-    assert pace.ready() and pace.started_together() == {"a", "b"}
+    assert pace.ready() and asyncio.run(pace.more_stdin("a")) == b'["a", "b"]'
     assert pace.deadline("c") is None
 
 
@@ -138,13 +138,11 @@ def test_a_watch_keeps_a_run_alive_while_it_works_and_stops_it_when_it_goes_sile
     local = load_cluster(hosts="localhost").nodes
     talk = "for i in 1 2 3 4; do echo tick; sleep 0.5; done; echo go?; read a; read b; echo $b"
     watch = _Follow()
-    (result,) = run_on_nodes(local, ["sh", "-c", talk], stdin=b"first\n", watch=watch,
-                             on_line=watch.on_line)  # fmt: skip
+    (result,) = run_on_nodes(local, ["sh", "-c", talk], stdin=b"first\n", watch=watch)
     assert result.ok and result.stdout.split() == ["tick"] * 4 + ["go?", "second"]
     assert result.duration_s > 2.0  # past the 1 s bound a fixed timeout would have had
     watch = _Follow()
-    (result,) = run_on_nodes(local, ["sh", "-c", "echo tick; sleep 30"], watch=watch,
-                             on_line=watch.on_line)  # fmt: skip
+    (result,) = run_on_nodes(local, ["sh", "-c", "echo tick; sleep 30"], watch=watch)
     assert result.failure is Failure.TIMED_OUT and result.duration_s < 10
 
 

@@ -16,7 +16,7 @@ import os
 import random
 import secrets
 import socket
-from collections.abc import Sequence
+from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 
 from trainfleet import node as node_programs
@@ -88,8 +88,6 @@ class Survey:
     launch_env: dict[str, str] = field(default_factory=dict)
     times: dict[str, ProbeTimes] = field(default_factory=dict)
     """What the launch node saw of each probe: when it started, why it was stopped (`Pace`)."""
-    budget_s: float = 0.0
-    """The seconds a probe needs on an idle cluster of this size (`probe_budget`)."""
 
 
 def _resolve(name: str) -> str | None:
@@ -231,7 +229,7 @@ def plan_params(
 
 def _inbound(
     host: str,
-    started: Sequence[str] | frozenset[str],
+    started: Collection[str],
     sample: dict[str, list[str]],
     listen: dict[str, list[int]],
     addresses: dict[str, str | None],
@@ -313,10 +311,9 @@ def collect(
         cap=max(CAP_FACTOR * budget, CAP_MIN_S),
         go_line=go_lines(params, addresses),
     )
-    results = run_on_nodes(cluster.nodes, argv, stdin=payloads, on_line=pace.on_line, watch=pace)
+    results = run_on_nodes(cluster.nodes, argv, stdin=payloads, watch=pace)
     results = [strip_marks(r) for r in results]
     survey.times = {n.host: pace.times(n.host) for n in cluster.nodes}
-    survey.budget_s = budget
     for node, result in zip(cluster.nodes, results, strict=True):
         facts = _fact_sheet(result)
         if isinstance(facts, NodeFacts):

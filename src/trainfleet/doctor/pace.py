@@ -54,15 +54,11 @@ class ProbeTimes:
 
     started_s: float | None = None
     """When it said `started` (None: never)."""
-    silent_s: float | None = None
-    """How long it had said nothing when it was stopped."""
     phase: str | None = None
     """The phase it last named (`facts`, `waiting`, `peers`, `sheet`)."""
     bound: str | None = None
     """The bound its run was held to last: `start` (not started yet), `silence` or `cap`; for
     a run stopped at its deadline, why it was stopped."""
-    ran_s: float | None = None
-    """From its ssh to its end (or stop)."""
 
 
 class Pace(Watch):
@@ -86,7 +82,7 @@ class Pace(Watch):
         self._started: dict[str, float] = {}
         self._said: dict[str, float] = {}
         self._phase: dict[str, str] = {}
-        self._ended: dict[str, float] = {}
+        self._ended: set[str] = set()
         self._bound: dict[str, str] = {}
         self._go: frozenset[str] | None = None
 
@@ -105,7 +101,7 @@ class Pace(Watch):
         self._said[node] = now
 
     def ended(self, node: str) -> None:
-        self._ended.setdefault(node, self._clock())
+        self._ended.add(node)
 
     # ---------------------------------------------------------------- the decisions
     def _start_by(self) -> float:
@@ -139,17 +135,9 @@ class Pace(Watch):
 
     # ---------------------------------------------------------------- what was seen
     def times(self, node: str) -> ProbeTimes:
-        began = self._began
-        end = self._ended.get(node)
-        said = self._said.get(node)
+        started = self._started.get(node)
         return ProbeTimes(
-            started_s=None if node not in self._started else self._started[node] - began,
-            silent_s=None if said is None or end is None else max(end - said, 0.0),
+            started_s=None if started is None else started - self._began,
             phase=self._phase.get(node),
             bound=self._bound.get(node),
-            ran_s=None if end is None else end - began,
         )
-
-    def started_together(self) -> frozenset[str]:
-        """The nodes whose probes tested each other (empty before the barrier opened)."""
-        return self._go or frozenset()

@@ -30,10 +30,6 @@ def resolve(name):
 _LOOKUPS = """
 import json, socket, sys, threading, time
 said = threading.Lock()
-def tell(address, outcome):
-    with said:
-        sys.stdout.write(json.dumps([address, outcome]) + "\\n")
-        sys.stdout.flush()
 def look(address):
     start = time.time()
     try:
@@ -42,31 +38,32 @@ def look(address):
     except (OSError, ValueError) as exc:
         outcome = {"error": str(exc)}
     outcome["seconds"] = round(time.time() - start, 3)
-    tell(address, outcome)
-addresses = json.loads(sys.argv[1])
-for address in addresses:
-    tell(address, None)
-for address in addresses:
+    with said:
+        sys.stdout.write(json.dumps([address, outcome]) + "\\n")
+        sys.stdout.flush()
+sys.stdout.write("null\\n")
+sys.stdout.flush()
+for address in json.loads(sys.argv[1]):
     threading.Thread(target=look, args=(address,), daemon=True).start()
 time.sleep(3600)
 """
 """The lookups, in a child process of their own: some builds of Python (Debian's 3.11) let one
 resolver call run at a time (and nothing else run meanwhile), so a lookup that waits on a
 silent DNS server would hold up every name the probe resolves after it (seen: 20 s for two
-lookups and the probe's own). The child first says it runs ([address, null] for each: their
-bound starts there, not while Python starts on a busy node), then how each lookup ended."""
+lookups and the probe's own). The child first says it runs (`null`: the lookups' bound starts
+there, not while Python starts on a busy node), then how each lookup ended."""
 LOOKUPS_START_S = 30.0
-"""How long the child may take to start its lookups (a busy node starts Python slowly: that is
-no answer from the resolver, and a lookup that never started is not reported)."""
+"""How long the child may take to start (a busy node starts Python slowly: that is no answer
+from the resolver; lookups that never started are not reported)."""
 
 
 def client_names(addresses, limit):
     """What c10d's store gets when it names the other end of a connection: it listens on both
     stacks and connects in IPv6 form, so an IPv4 peer A is ::ffff:A, and getnameinfo fails with
     EAI_AGAIN (c10d's `err=-3`) when no hosts entry names that form and no DNS server answers.
-    Per address whose lookup started: {"name"} or {"error"}, with the seconds it took; each
-    bounded by `limit` from its start (in a child process, killed then)."""
-    found, began = {}, {}
+    Per address: {"name"} or {"error"}, with the seconds it took; all of them bounded by
+    `limit` from the moment the child process runs (killed then); none when it did not start."""
+    found, ready = {}, None
     if addresses:
         child = subprocess.Popen(
             [sys.executable, "-I", "-c", _LOOKUPS, json.dumps(list(addresses))],
@@ -77,11 +74,7 @@ def client_names(addresses, limit):
         start_by, pending = time.time() + LOOKUPS_START_S, b""
         try:
             while len(found) < len(addresses):
-                # Each lookup has `limit` from its own start; until all started, the child's.
-                ends = [began[a] + limit for a in began if a not in found]
-                if len(began) < len(addresses):
-                    ends.append(start_by)
-                left = max(ends) - time.time()
+                left = (start_by if ready is None else ready + limit) - time.time()
                 if left <= 0 or not select.select([child.stdout], [], [], left)[0]:
                     break
                 chunk = os.read(child.stdout.fileno(), 65536)
@@ -90,25 +83,25 @@ def client_names(addresses, limit):
                 pending += chunk
                 while b"\n" in pending:
                     line, pending = pending.split(b"\n", 1)
-                    _take(found, began, line, addresses)
+                    if line.strip() == b"null":
+                        ready = ready or time.time()
+                    else:
+                        _take(found, line, addresses)
         finally:
             child.kill()
             child.wait()
+    if ready is None:
+        return {}
     late = {"error": "no answer in %gs" % limit, "seconds": limit}
-    return {a: found.get(a) or dict(late) for a in addresses if a in began}
+    return {a: found.get(a) or dict(late) for a in addresses}
 
 
-def _take(found, began, line, addresses):
+def _take(found, line, addresses):
     try:
         address, outcome = json.loads(line.decode())
     except ValueError:
         return
-    if address not in addresses:
-        return
-    if outcome is None:
-        began.setdefault(address, time.time())
-    elif isinstance(outcome, dict):
-        began.setdefault(address, time.time())
+    if address in addresses and isinstance(outcome, dict):
         found[address] = outcome
 
 

@@ -64,10 +64,14 @@ def _hand_over(line: Line, node: str, name: str, on_line: LineCallback) -> None:
 
 class Watch:
     """A run that follows each node's work instead of one timeout: the caller subclasses it.
-    `deadline(node)`: when the node's run is stopped (monotonic seconds; None: no bound), read
-    again while the run goes on; `more_stdin(node)`: bytes written to the node's stdin after
-    the first ones, when the caller knows them (stdin is closed after them; None: closed at
-    once); `ended(node)`: the node's process exited. Lines reach the caller through `on_line`."""
+    `on_line(node, stream, line)`: each output line as it comes (`LineCallback`), before any
+    `on_line` the run was also given; `deadline(node)`: when the node's run is stopped
+    (monotonic seconds; None: no bound), read again while the run goes on; `more_stdin(node)`:
+    bytes written to the node's stdin after the first ones, when the caller knows them (stdin
+    is closed after them; None: closed at once); `ended(node)`: the node's process exited."""
+
+    def on_line(self, node: str, stream: str, line: str) -> None:
+        return None
 
     def deadline(self, node: str) -> float | None:
         return None
@@ -154,9 +158,9 @@ async def _run_one(
         asyncio.ensure_future(_pump(proc.stdout, out, node.host, "stdout", on_line)),
         asyncio.ensure_future(_pump(proc.stderr, err, node.host, "stderr", on_line)),
     ]
-    feeding = asyncio.ensure_future(_feed(proc, node.host, stdin, watch)) if stdin else None
-    if stdin is not None and feeding is None:
-        proc.stdin.close()
+    feeding = None
+    if stdin is not None:
+        feeding = asyncio.ensure_future(_feed(proc, node.host, stdin, watch))
     timed_out = await _wait(proc, node.host, None if timeout is None else start + timeout, watch)
     if feeding is not None and not feeding.done():
         feeding.cancel()
@@ -198,6 +202,8 @@ async def run_on_nodes_async(
     """
     if any(not node.is_local for node in nodes) and shutil.which("ssh") is None:
         raise RemoteError("no `ssh` client on this machine", "install openssh-client")
+    if watch is not None:
+        on_line = _both(watch.on_line, on_line)
     per_argv = argv if isinstance(argv, Mapping) else {n.host: argv for n in nodes}
     per_stdin = stdin if isinstance(stdin, Mapping) else {n.host: stdin for n in nodes}
     return list(
@@ -208,6 +214,17 @@ async def run_on_nodes_async(
             )
         )
     )
+
+
+def _both(first: LineCallback, then: LineCallback | None) -> LineCallback:
+    if then is None:
+        return first
+
+    def both(node: str, stream: str, line: str) -> None:
+        first(node, stream, line)
+        then(node, stream, line)
+
+    return both
 
 
 def run_on_nodes(

@@ -57,8 +57,13 @@ def _slow_fix(host: str) -> str:
     )
 
 
-def _started_median(survey: Survey, host: str) -> float | None:
-    others = [t.started_s for h, t in survey.times.items() if h != host and t.started_s is not None]
+def _starts(survey: Survey) -> dict[str, float]:
+    """When each probe said it started, in seconds from its ssh (those that did)."""
+    return {h: t.started_s for h, t in survey.times.items() if t.started_s is not None}
+
+
+def _others_median(seconds: dict[str, float], host: str) -> float | None:
+    others = [s for h, s in seconds.items() if h != host]
     return statistics.median(others) if others else None
 
 
@@ -68,7 +73,7 @@ def _stopped(survey: Survey, host: str, seconds: float) -> str:
     if times is None or times.bound is None:
         return f"the probe did not finish in {seconds:.0f} s"
     if times.started_s is None:
-        median = _started_median(survey, host)
+        median = _others_median(_starts(survey), host)
         others = f" (the other nodes' started in {median:.1f} s)" if median is not None else ""
         return (
             f"ssh did not fail, but the probe had not started after {seconds:.0f} s{others}: "
@@ -89,7 +94,7 @@ def _stopped(survey: Survey, host: str, seconds: float) -> str:
 def check_slow_nodes(survey: Survey) -> list[Finding]:
     """Probes that came back, but far later than the others: their start (ssh login, shell,
     Python) or their own work (facts, tests) took over SLOW_FACTOR x the other nodes' median."""
-    starts = {h: t.started_s for h, t in survey.times.items() if t.started_s is not None}
+    starts = _starts(survey)
     works = {
         host: facts.seconds - (facts.active.go_wait or 0.0)
         for host, facts in survey.facts.items()
@@ -97,16 +102,14 @@ def check_slow_nodes(survey: Survey) -> list[Finding]:
     }
     evidence: dict[str, list[str]] = {}
     for host in survey.facts:
-        for seconds, what in ((starts, "started"), (works, "did its own work in")):
-            if host not in seconds or len(seconds) < 2:
+        for seconds, what in ((starts, "started after"), (works, "did its own work in")):
+            median = _others_median(seconds, host)
+            if median is None or seconds.get(host, 0.0) <= max(SLOW_FLOOR_S, SLOW_FACTOR * median):
                 continue
-            median = statistics.median(s for h, s in seconds.items() if h != host)
-            if seconds[host] > max(SLOW_FLOOR_S, SLOW_FACTOR * median):
-                when = "after " if what == "started" else ""
-                evidence.setdefault(host, []).append(
-                    f"{host}'s probe {what} {when}{seconds[host]:.1f} s; the other nodes' "
-                    f"median: {median:.1f} s"
-                )
+            evidence.setdefault(host, []).append(
+                f"{host}'s probe {what} {seconds[host]:.1f} s; the other nodes' median: "
+                f"{median:.1f} s"
+            )
     return [
         Finding(
             id=FindingId.SLOW_NODE,
