@@ -30,6 +30,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import TypedDict
 
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
@@ -44,8 +45,26 @@ NODE_KEYS = ("slots", "python", "interface", "env")
 TOP_KEYS = ("master", "master_port", "workdir")
 """What `edit` sets for the whole cluster."""
 
-NodeFields = Mapping[str, Mapping[str, object]]
-"""host -> {key: value}, keys from NODE_KEYS (`env`: {NAME: value})."""
+
+class NodeEdit(TypedDict, total=False):
+    """What `edit` sets on one node (the keys of NODE_KEYS); `env` entries merge."""
+
+    slots: int
+    python: str
+    interface: str
+    env: Mapping[str, str]
+
+
+class ClusterEdit(TypedDict, total=False):
+    """What `edit` sets for the whole cluster (the keys of TOP_KEYS)."""
+
+    master: str
+    master_port: int
+    workdir: str
+
+
+NodeFields = Mapping[str, NodeEdit]
+"""host -> what to set on it."""
 
 _NOTHING_WRITTEN = "nothing was written; make the change by hand"
 
@@ -58,16 +77,18 @@ def edit(
     source: str,
     *,
     nodes: NodeFields | None = None,
-    top: Mapping[str, object] | None = None,
+    top: ClusterEdit | None = None,
 ) -> str:
     """cluster.yaml `text` with `nodes[host]` set on each node and `top` set on the cluster;
     every other line, comment and blank kept. Raises SpecError when `text` does not load now,
     ClusterFileError when a value is not one to write or the result would not read back as
     exactly that change."""
-    nodes, top = nodes or {}, top or {}
+    nodes, top = nodes or {}, top or ClusterEdit()
     _check_values(nodes, top)
     before = parse_cluster_yaml(text, source)
     root = yaml.compose(text, Loader=yaml.SafeLoader)
+    if not isinstance(root, MappingNode):  # parse_cluster_yaml read it as a mapping
+        raise SpecError(source, None, "not a mapping at the top", "start it with `nodes:`")
     edits = _Edits(text, source)
     entries = _node_entries(root)
     for host, fields in nodes.items():
@@ -112,7 +133,7 @@ def new(
     return edit(text, source, nodes=nodes)
 
 
-def _check_values(nodes: NodeFields, top: Mapping[str, object]) -> None:
+def _check_values(nodes: NodeFields, top: ClusterEdit) -> None:
     """Values of the right type; an interface (a node's own word) only when it is a name."""
     for host, fields in nodes.items():
         for key, value in fields.items():
@@ -138,11 +159,11 @@ def _check_values(nodes: NodeFields, top: Mapping[str, object]) -> None:
             raise ValueError(f"edit sets {', '.join(TOP_KEYS)} on the cluster, not {key}={value!r}")
 
 
-def _intended(before: Cluster, nodes: NodeFields, top: Mapping[str, object]) -> Cluster:
+def _intended(before: Cluster, nodes: NodeFields, top: ClusterEdit) -> Cluster:
     """`before` with the asked changes and nothing else: what the edited file must load as."""
     changed = []
     for node in before.nodes:
-        fields = nodes.get(node.host, {})
+        fields = nodes.get(node.host, NodeEdit())
         slots = fields.get("slots", node.slots)
         changed.append(
             replace(
@@ -247,25 +268,26 @@ def _get(mapping: MappingNode, key: str) -> Node | None:
     return None
 
 
-def _node_entries(root: Node) -> dict[str, Node]:
+def _node_entries(root: MappingNode) -> dict[str, MappingNode | ScalarNode]:
     """host -> its entry in `nodes:` (a mapping, or a scalar for the `- host` short form)."""
-    listed = _get(root, "nodes") if isinstance(root, MappingNode) else None
-    entries: dict[str, Node] = {}
+    listed = _get(root, "nodes")
+    entries: dict[str, MappingNode | ScalarNode] = {}
     for entry in listed.value if isinstance(listed, SequenceNode) else []:
-        host = _get(entry, "host") if isinstance(entry, MappingNode) else entry
-        if isinstance(host, ScalarNode):
+        if isinstance(entry, ScalarNode):
+            entries[entry.value] = entry
+        elif isinstance(entry, MappingNode) and isinstance(host := _get(entry, "host"), ScalarNode):
             entries[host.value] = entry
     return entries
 
 
-def _set_on_node(edits: _Edits, entry: Node, fields: Mapping[str, object]) -> None:
+def _set_on_node(edits: _Edits, entry: MappingNode | ScalarNode, fields: NodeEdit) -> None:
     if isinstance(entry, ScalarNode):  # `- gpu-node-3` becomes `- {host: gpu-node-3, ...}`
         host = edits.text[entry.start_mark.index : entry.end_mark.index]
         items = "".join(f", {key}: {_flow(value)}" for key, value in fields.items())
         edits.replace(entry, "{host: " + host + items + "}")
         return
-    fields = dict(fields)
-    env = fields.pop("env", None)
+    rest: dict[str, object] = {key: value for key, value in fields.items() if key != "env"}
+    env = fields.get("env")
     if env is not None:
         found = _get(entry, "env")
         if isinstance(found, MappingNode):
@@ -273,8 +295,8 @@ def _set_on_node(edits: _Edits, entry: Node, fields: Mapping[str, object]) -> No
         elif found is not None:  # `env:` with nothing after it
             _set_value(edits, found, env, flow=entry.flow_style)
         else:
-            fields["env"] = env
-    _set_keys(edits, entry, fields, after=_get(entry, "host"))
+            rest["env"] = env
+    _set_keys(edits, entry, rest, after=_get(entry, "host"))
 
 
 def _set_keys(
