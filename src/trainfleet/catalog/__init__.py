@@ -25,10 +25,14 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from trainfleet.catalog import connectivity, node
 from trainfleet.catalog.ids import Area, Entry, FindingId, Sandbox
+
+if TYPE_CHECKING:  # doctor's findings are built on this catalog: no import at run time
+    from trainfleet.doctor.findings import Finding
 
 __all__ = [
     "CATALOG", "Area", "Entry", "FindingId", "Sandbox", "commands_that_fix", "main", "markdown"
@@ -42,7 +46,7 @@ SETUP_ORDER = ("setup ssh", "setup hostfile", "setup env", "setup pyenv", "setup
 """The order `trainfleet setup` runs its steps in (each builds on the ones before)."""
 
 
-def commands_that_fix(findings, cluster_flags: Sequence[str]) -> list[str]:
+def commands_that_fix(findings: Iterable[Finding], cluster_flags: Sequence[str]) -> list[str]:
     """One line per trainfleet command that fixes some of `findings` (`Entry.fixed_by`), in
     the order `setup`'s steps run, each with the ids and nodes it fixes; `cluster_flags` are
     the cluster options as the user gave them.

@@ -24,7 +24,7 @@ from trainfleet.catalog import FindingId
 from trainfleet.doctor.checks.network import LOOKUP_OPTIONS, chosen_interfaces, unnamed_mapped
 from trainfleet.doctor.checks.software import node_versions
 from trainfleet.doctor.collect import EPHEMERAL_PORTS, Survey
-from trainfleet.doctor.facts import Imports, parse_imports
+from trainfleet.doctor.facts import Imports, NodeFacts, parse_imports
 from trainfleet.doctor.findings import Finding, Severity
 from trainfleet.remote import Failure, NodeResult, run_on_nodes
 
@@ -49,7 +49,7 @@ _SIGNATURES = (
 )
 
 
-def _has_stack(facts) -> bool:
+def _has_stack(facts: NodeFacts) -> bool:
     return bool(facts.packages.torch or facts.packages.deepspeed)
 
 

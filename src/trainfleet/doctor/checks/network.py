@@ -239,7 +239,7 @@ def mapped_lookup_wait(survey: Survey) -> tuple[float, str] | None:
     known = {h: w for h, w in waits.items() if w is not None}
     if not known:
         return None
-    slowest = max(known, key=known.get)
+    slowest = max(known, key=lambda host: known[host])
     return known[slowest], slowest
 
 

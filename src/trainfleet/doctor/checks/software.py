@@ -87,7 +87,7 @@ def check_versions(survey: Survey) -> list[Finding]:
     findings = []
     versions = {host: node_versions(facts) for host, facts in survey.facts.items()}
     for key in (*_MUST_MATCH, *_SHOULD_MATCH):
-        seen = {host: v[key] for host, v in versions.items() if v[key]}
+        seen = {host: version for host, v in versions.items() if (version := v[key])}
         if len(set(seen.values())) <= 1:
             continue
         common, _ = Counter(seen.values()).most_common(1)[0]

@@ -65,8 +65,9 @@ def _int(value: object) -> int | None:
 
 
 def _float(value: object) -> float | None:
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    return float(value) if number else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
 
 
 def _bool(value: object) -> bool | None:
@@ -192,12 +193,14 @@ def parse_imports(raw: object) -> Imports | None:
     """What the stack phase reported of a node's imports (`node/collective.py`); None: nothing."""
     if not isinstance(raw, dict):
         return None
-    flags = ("torch_distributed", "gloo")
     return Imports(
-        **{
-            name: (_bool if name in flags else _str)(raw.get(name))
-            for name in Imports.__dataclass_fields__
-        }
+        torch=_str(raw.get("torch")),
+        torch_cuda=_str(raw.get("torch_cuda")),
+        nccl=_str(raw.get("nccl")),
+        torch_distributed=_bool(raw.get("torch_distributed")),
+        gloo=_bool(raw.get("gloo")),
+        torch_error=_str(raw.get("torch_error")),
+        import_error=_str(raw.get("import_error")),
     )
 
 
@@ -247,7 +250,8 @@ def _code(raw: object) -> CodeHash | None:
 
 def _ssh_outcome(raw: object) -> SshOutcome | None:
     """An outcome without an exit status is unknown (left out), not a failed ssh."""
-    rc = _int(_dict(raw).get("rc"))
+    raw = _dict(raw)
+    rc = _int(raw.get("rc"))
     if rc is None:
         return None
     return SshOutcome(
