@@ -174,7 +174,7 @@ def test_hang_notes_show_what_nodes_said_as_text_and_a_node_dumps_only_its_own_r
     assert "\x1b" not in said and "\x07" not in said
     assert "behind at step 5: gpu-node-1 rank 0: wait?[2J?[H (x.py:1)" in said
     assert "stuck in all_reduce?]0;x? #3 of process group 0 (pg?[2J)" in said
-    assert progress.hang["flight_records"] == [2]  # not rank 0's, from gpu-node-2
+    assert progress.hang.report.flight_records == (2,)  # not rank 0's, from gpu-node-2
     assert "forged" not in said
     assert not (tmp_path / "stacks" / "gpu-node-2.rank0.txt").exists()
-    assert progress.hang["behind"][0]["where"] == "wait\x1b[2J\x1b[H (x.py:1)"  # kept as it came
+    assert progress.hang.behind[0].where == "wait\x1b[2J\x1b[H (x.py:1)"  # kept as it came

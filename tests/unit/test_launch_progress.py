@@ -213,14 +213,14 @@ def test_the_watchdog_judges_startup_by_the_startup_timeout_and_training_by_the_
     progress.beat(0, {"step": 0, "phase": "tokenizing", "phase_progress": 1}, now=now - 10)
     progress.last_advance = now - 121  # no startup progress for longer than its bound
     assert run._hung() and run.state is RunState.HUNG
-    assert progress.hang["phase"] == "startup"
+    assert progress.hang.phase == "startup"
     assert "no rank made startup progress for 121 s (startup timeout 120 s)" in out.getvalue()
 
     run = _Run(plan, tmp_path, io.StringIO())
     progress = run.output.progress
     progress.beat(0, {"step": 0, "phase": "loading"}, now=now - 100)
     progress.beat(0, {"step": 1}, now=now - 31)
-    assert run._hung() and progress.hang["phase"] == "training"
+    assert run._hung() and progress.hang.phase == "training"
 
 
 def test_once_every_rank_has_exited_silence_is_no_hang(tmp_path):
@@ -263,7 +263,7 @@ def test_after_every_ranks_last_step_the_end_is_judged_by_the_startup_bound(tmp_
     progress.beat(0, {"step": 24, "total_steps": 24}, now=time.time() - 30)
     assert progress.finishing and not run._hung()  # 30 s < the 60 s bound
     progress.last_advance = time.time() - 90
-    assert run._hung() and progress.hang["phase"] == "finishing"
+    assert run._hung() and progress.hang.phase == "finishing"
     assert "ended its last step 90 s ago" in run.output.out.getvalue()
 
 

@@ -407,3 +407,39 @@ def test_status_json_keeps_what_nodes_said_with_control_characters_escaped(tmp_p
     data = json.loads(out)
     assert data["ranks"][0]["phase"] == doc["ranks"][0]["phase"]  # the text, kept whole
     assert data["hang"]["behind"][0]["where"] == doc["hang"]["behind"][0]["where"]
+
+
+def test_the_hang_record_reads_what_launchers_wrote_and_writes_back_the_same_keys(tmp_path):
+    """status.json's `hang` as this launcher writes it (at detection, then with the dumps),
+    as the first launchers wrote it (no phase, no collectives), the recorded fixture's (stacks
+    as a list), and values of the wrong type (read as unknown, never an error)."""
+    from trainfleet.launch.progress import Progress
+    from trainfleet.status.hang import Behind, Hang, StackReport
+
+    detected = {"stuck_s": 31.2, "detected_at": 1000.5, "phase": "startup"}
+    dumped = {**detected, "step": None, "behind": [{"node": "n1", "rank": 1, "where": "w (x.py)"}],
+              "stacks": "runs/r1/stacks", "collectives": [{"op": "all_reduce"}],
+              "flight_records": [0]}  # fmt: skip
+    first = {"stuck_s": 3.0, "step": 4, "behind": [{"node": "n1", "rank": 0, "where": "w"}],
+             "stacks": "runs/r0/stacks", "detected_at": 2.0}  # fmt: skip
+    for written in (detected, dumped, first, recorded("hung")["hang"]):
+        assert Hang.from_json(written).to_json() == written
+    assert Hang.from_json(detected).report is None and Hang.from_json(first).phase is None
+    odd = Hang.from_json({"stuck_s": "long", "behind": [2, "x"], "collectives": [1, {"op": "b"}]})
+    assert (odd.stuck_s, odd.report.collectives, odd.report.flight_records) == (
+        None,
+        ({"op": "b"},),
+        None,
+    )
+    assert odd.behind == (
+        Behind(node=None, rank=2, where=None),
+        Behind(node=None, rank=None, where=None),
+    )
+
+    progress = Progress(run_id="r1", ranks={"n1": range(0, 2)}, started_at=1000.0)
+    progress.beat(0, {"step": 1}, now=1001.0)
+    progress.hang = Hang.from_json(detected).dumped(Hang.from_json(dumped).report)
+    assert isinstance(progress.hang.report, StackReport)
+    progress.write(tmp_path / "status.json", state="hung", now=1040.0)
+    assert json.loads((tmp_path / "status.json").read_text())["hang"] == dumped
+    assert read_view(tmp_path / "status.json", now=1050.0).hang == progress.hang

@@ -40,6 +40,7 @@ from trainfleet.launch.backend import Channel, Plan
 from trainfleet.launch.output import MergedOutput, pump
 from trainfleet.launch.rootcause import RankError
 from trainfleet.status import rules as status_rules
+from trainfleet.status.hang import Behind, Hang, StackReport
 from trainfleet.untrusted import printable
 
 CUT_OFF_AFTER_S = 5
@@ -76,14 +77,6 @@ class RunState(enum.Enum):
     """Every rank had joined, then no rank advanced a step for the hang timeout."""
 
 
-def hang_headline(hang: dict) -> tuple[FindingId, str]:
-    """A HUNG run's finding id and what happened, from its `hang` dict (status.json's)."""
-    stuck = f"{hang.get('stuck_s', 0):.0f} s"
-    if hang.get("phase") == "startup":
-        return FindingId.STARTUP_TIMEOUT, f"no startup progress for {stuck}, before the first step"
-    return FindingId.RANK_HUNG, f"no rank advanced past step {hang.get('step')} for {stuck}"
-
-
 @dataclass(kw_only=True, slots=True)
 class LaunchResult:
     state: RunState
@@ -98,9 +91,8 @@ class LaunchResult:
     """STALLED: per node, the ranks that had not joined."""
     diagnosis: list = field(default_factory=list)
     """STALLED: doctor's findings between the nodes (filled by the caller)."""
-    hang: dict | None = None
-    """HUNG: `stuck_s`, `detected_at`, `step` (the lowest), `behind` (node, rank, where it
-    waits), `stacks` (the dumps' directory); the same dict as status.json's `hang`."""
+    hang: Hang | None = None
+    """HUNG: what the watchdog and the stack dumps found; the same record as status.json's."""
     restarts: list = field(default_factory=list)
     """The restarts before this run (`launch/restarts.py`), as given to `supervise`."""
 
@@ -115,7 +107,7 @@ class LaunchResult:
             "first_failure": self.first_failure,
             "not_joined": self.not_joined,
             "diagnosis": [f.to_json() for f in self.diagnosis],
-            "hang": self.hang,
+            "hang": self.hang.to_json() if self.hang else None,
             "restarts": self.restarts,
         }
 
@@ -303,8 +295,7 @@ class _Run:
         if timeout is None or stuck is None or stuck < timeout:
             return False
         self.state = RunState.HUNG
-        progress.hang = {"stuck_s": round(stuck, 1), "detected_at": time.time(),
-                         "phase": phase}  # fmt: skip
+        progress.hang = Hang(stuck_s=round(stuck, 1), detected_at=time.time(), phase=phase)
         if startup:
             what = f"no rank made startup progress for {stuck:.0f} s"
             what += f" (startup timeout {timeout:g} s)"
@@ -340,18 +331,24 @@ class _Run:
             node = progress.rows[rank]["node"]
             text = dumps.get(node, {}).get(rank)
             where = stacks.where_it_waits(text) if text else "no stack (no pid in its heartbeats)"
-            behind.append({"node": node, "rank": rank, "where": where})
+            behind.append(Behind(node=node, rank=rank, where=where))
         lowest = progress.rows[ranks_behind[0]]["step"]
         stuck = collectives.stuck_collectives(records, world_size=len(progress.rows))
-        progress.hang = {**(progress.hang or {}), "step": lowest, "behind": behind,
-                         "stacks": str(self.run_dir / "stacks"), "collectives": stuck,
-                         "flight_records": sorted(r for r, v in records.items() if v)}  # fmt: skip
+        report = StackReport(
+            step=lowest,
+            behind=tuple(behind),
+            stacks=str(self.run_dir / "stacks"),
+            collectives=tuple(stuck),
+            flight_records=tuple(sorted(r for r, v in records.items() if v)),
+        )
+        found = progress.hang or Hang(stuck_s=None, detected_at=None, phase=None)
+        progress.hang = found.dumped(report)
         # What a rank's stack and Flight Recorder say is the node's text: printable here,
         # kept as it came in status.json (whose JSON escapes control characters).
         for entry in behind:
             self.output.note(
-                f"behind at step {lowest}: {entry['node']} rank {entry['rank']}: "
-                + printable(entry["where"])
+                f"behind at step {lowest}: {entry.node} rank {entry.rank}: "
+                + printable(entry.where)
             )
         nodes = {rank: row["node"] for rank, row in progress.rows.items()}
         for found in stuck:
