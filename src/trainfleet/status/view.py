@@ -118,7 +118,7 @@ class StatusView:
     ranks: list[RankRow] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        """Everything the human view renders (`human.render` takes exactly this)."""
+        """What `--json` prints: the fields the human view (`human.render`) draws, as JSON."""
         return {**asdict(self), "hang": self.hang.to_json() if self.hang else None}
 
 
