@@ -35,20 +35,18 @@ from pathlib import Path
 from typing import IO
 
 from trainfleet.catalog import FindingId
-from trainfleet.launch import collectives, stacks
+from trainfleet.launch import watchdogs
 from trainfleet.launch.backend import Channel, Plan
 from trainfleet.launch.output import MergedOutput, pump
 from trainfleet.launch.rootcause import RankError
-from trainfleet.status import rules as status_rules
-from trainfleet.status.hang import Behind, Hang, StackReport
+from trainfleet.launch.runfacts import RunFacts
+from trainfleet.status.hang import Hang
 from trainfleet.untrusted import printable
 
 CUT_OFF_AFTER_S = 5
 """After a node's grace period: how long before its ssh is killed."""
 SSH_DROPPED = 255
 STATUS_EVERY_S = 1.0
-STRAGGLERS_EVERY_S = 5.0
-"""How often the launcher judges stragglers from the ranks' busy_s (`status/rules.py`)."""
 KEEPALIVE_EVERY_S = 5.0
 LIFELINE_S = 30.0
 """A bootstrap that has heard nothing from the launcher for this long stops its node's job
@@ -117,7 +115,9 @@ class _Run:
         self.plan = plan
         self.run_dir = run_dir
         self.started = time.monotonic()
-        self.output = MergedOutput(plan, run_dir, out, self.started)
+        self.facts = RunFacts(plan)
+        """What the output has said: joins, progress (status.json), errors, nodes' ends."""
+        self.output = MergedOutput(plan, run_dir, out, self.started, self.facts)
         self.procs: dict[str, asyncio.subprocess.Process] = {}
         self.channels: dict[str, Channel] = {}
         self.pumps: list[asyncio.Task] = []
@@ -129,8 +129,7 @@ class _Run:
         self.not_joined: set[int] = set()
         self.status_written = 0.0
         self.keepalive_sent = 0.0
-        self.stragglers_checked = 0.0
-        self.stragglers: set[int] = set()
+        self.stragglers = watchdogs.Stragglers(self.output.note)
 
     async def start(self, channels: list[Channel]) -> None:
         for channel in channels:
@@ -188,12 +187,12 @@ class _Run:
                 if task.result() != 0 and self.state is RunState.RUNNING:
                     self._failed(name, task.result())
             # pdsh (deepspeed backend) says when one node's command has ended, and how.
-            node_failure = next(((n, c) for n, c in self.output.node_exits if c != 0), None)
+            node_failure = next(((n, c) for n, c in self.facts.node_exits if c != 0), None)
             if node_failure and self.state is RunState.RUNNING:
                 self._failed(*node_failure)
             if self.state is RunState.FAILED:
                 break
-            not_joined = self.output.joins.stalled(
+            not_joined = self.facts.joins.stalled(
                 self.started, time.monotonic(), self.plan.options.join_timeout
             )
             if not_joined is not None and waits:
@@ -206,7 +205,7 @@ class _Run:
                 break
             self.write_status()
             self._keepalive()
-            self._judge_stragglers()
+            self.stragglers.judge(self.facts.progress, now=time.monotonic())
             if self._hung():
                 break
         else:
@@ -222,7 +221,7 @@ class _Run:
         code, the shim, says so before anything else): nothing ran, whatever the exit codes.
         DeepSpeed's runner exits 0 when pdsh is ended by a signal (it passes on only positive
         codes), and its ranks' output is then lost with it."""
-        if not self.codes or self.output.joins.started or not self.plan.world_size:
+        if not self.codes or self.facts.joins.started or not self.plan.world_size:
             return
         where = ", ".join(sorted(self.codes))
         self.state = RunState.FAILED
@@ -235,9 +234,7 @@ class _Run:
     def write_status(self, *, now: float | None = None, force: bool = False) -> None:
         now = time.time() if now is None else now
         if force or now - self.status_written >= STATUS_EVERY_S:
-            self.output.progress.write(
-                self.run_dir / "status.json", state=self.state.value, now=now
-            )
+            self.facts.progress.write(self.run_dir / "status.json", state=self.state.value, now=now)
             self.status_written = now
 
     def _keepalive(self) -> None:
@@ -253,108 +250,27 @@ class _Run:
                 except (BrokenPipeError, ConnectionResetError, RuntimeError):
                     pass  # its end is seen by watch()
 
-    def _judge_stragglers(self) -> None:
-        """Says once when a rank becomes a straggler (its median busy_s above the others' by
-        more than status's margin), and once when it no longer is."""
-        now = time.monotonic()
-        if now - self.stragglers_checked < STRAGGLERS_EVERY_S:
-            return
-        self.stragglers_checked = now
-        progress = self.output.progress
-        found = status_rules.stragglers(progress.rank_rows())
-        for rank in sorted(set(found) - self.stragglers):
-            row = found[rank]
-            self.output.note(
-                f"{FindingId.RANK_STRAGGLER}: rank {rank} ({row.node}) computes"
-                f" {row.slower_by:.0%} longer per step than the other ranks (median busy"
-                f" {row.median_busy_s:.3g} s over its last {row.busy_samples} steps, the others'"
-                f" {row.others_busy_s:.3g} s): every step waits for it; a slower or throttled"
-                " GPU/CPU, or another job on the node"
-            )
-        for rank in sorted(self.stragglers - set(found)):
-            self.output.note(f"rank {rank} ({progress.rows[rank]['node']}) is no longer a"
-                             " straggler")  # fmt: skip
-        self.stragglers = set(found)
-
     def _hung(self) -> bool:
-        """No rank advanced for the bound of the run's phase: the startup timeout before the
-        first step (only startup beats so far), the hang timeout from it on."""
-        progress = self.output.progress
-        if self.output.joins.all_exited:
-            # Every rank has ended: what still runs is the nodes' launchers (torchrun's agents
-            # meet at an exit barrier), whose end watch() sees; silence now is no hang (seen in
-            # CI: a loaded node's agent took longer than a 5 s hang timeout to end).
-            return False
-        startup = progress.in_startup
-        # Before the first step and after the last, no step advances for a while by design
-        # (loading, tokenizing; the final save, an export): their own bound.
-        phase = "startup" if startup else "finishing" if progress.finishing else "training"
-        own_bound = phase != "training"
-        timeout = self.plan.options.startup_timeout if own_bound else self.plan.options.hang_timeout
-        stuck = progress.stuck_for(now=time.time())
-        if timeout is None or stuck is None or stuck < timeout:
-            return False
-        self.state = RunState.HUNG
-        progress.hang = Hang(stuck_s=round(stuck, 1), detected_at=time.time(), phase=phase)
-        if startup:
-            what = f"no rank made startup progress for {stuck:.0f} s"
-            what += f" (startup timeout {timeout:g} s)"
-        elif own_bound:
-            what = f"every rank ended its last step {stuck:.0f} s ago and the run has not ended"
-            what += f" (startup timeout {timeout:g} s, also the bound for the end)"
-        else:
-            what = f"no rank advanced a step for {stuck:.0f} s (hang timeout {timeout:g} s)"
-        self.output.note(
-            f"{what}: dumping every rank's stack, then stopping every rank on every node"
+        """The hang watchdog (`launch/watchdogs.py`): True once it fired."""
+        hang = watchdogs.hung(
+            self.facts.progress,
+            all_exited=self.facts.joins.all_exited,
+            startup_timeout=self.plan.options.startup_timeout,
+            hang_timeout=self.plan.options.hang_timeout,
+            note=self.output.note,
+            now=time.time(),
         )
+        if hang is None:
+            return False
+        self.state, self.facts.progress.hang = RunState.HUNG, hang
         return True
 
     async def dump_stacks(self, dump: Callable[[dict], dict[str, str]]) -> None:
-        """Every rank's stack (while they still run), then which ranks are behind and where."""
-        progress = self.output.progress
-        pids: dict[str, dict[int, int]] = {}
-        for rank, row in progress.rows.items():
-            if row.get("pid"):
-                pids.setdefault(row["node"], {})[rank] = row["pid"]
-        texts = await asyncio.get_running_loop().run_in_executor(None, dump, pids)
-        dumps, records = {}, {}
-        for node, text in texts.items():
-            dumps[node] = {}
-            for rank, part in stacks.split_dump(text).items():
-                if rank in progress.nodes.get(node, ()):  # a node speaks for its own ranks
-                    records[rank], dumps[node][rank] = stacks.take_flight_record(part)
-            stacks.write_dumps(self.run_dir, node, dumps[node])
-        stacks.write_flight_records(self.run_dir, progress.rows, records)
-        behind = []
-        ranks_behind = progress.behind()
-        for rank in ranks_behind:
-            node = progress.rows[rank]["node"]
-            text = dumps.get(node, {}).get(rank)
-            where = stacks.where_it_waits(text) if text else "no stack (no pid in its heartbeats)"
-            behind.append(Behind(node=node, rank=rank, where=where))
-        lowest = progress.rows[ranks_behind[0]]["step"]
-        stuck = collectives.stuck_collectives(records, world_size=len(progress.rows))
-        report = StackReport(
-            step=lowest,
-            behind=tuple(behind),
-            stacks=str(self.run_dir / "stacks"),
-            collectives=tuple(stuck),
-            flight_records=tuple(sorted(r for r, v in records.items() if v)),
+        """Every rank's stack, into the hang record (`watchdogs.dump_stacks`)."""
+        progress = self.facts.progress
+        progress.hang = await watchdogs.dump_stacks(
+            progress, progress.hang, run_dir=self.run_dir, dump=dump, note=self.output.note
         )
-        found = progress.hang or Hang(stuck_s=None, detected_at=None, phase=None)
-        progress.hang = found.dumped(report)
-        # What a rank's stack and Flight Recorder say is the node's text: printable here,
-        # kept as it came in status.json (whose JSON escapes control characters).
-        for entry in behind:
-            self.output.note(
-                f"behind at step {lowest}: {entry.node} rank {entry.rank}: "
-                + printable(entry.where)
-            )
-        nodes = {rank: row["node"] for rank, row in progress.rows.items()}
-        for found in stuck:
-            self.output.note(f"stuck in {printable(collectives.describe(found, nodes))}")
-        if not stuck:
-            self.output.note(printable(collectives.none_stuck(records, nodes)))
 
     async def stop(self) -> None:
         """Close every bootstrap's stdin (it stops its node's job), SIGINT DeepSpeed's runner
@@ -407,10 +323,10 @@ class _Run:
     def result(self) -> LaunchResult:
         root = None
         if self.state is RunState.FAILED:
-            root = self.output.tracker.root_cause(self.first_failure)
+            root = self.facts.tracker.root_cause(self.first_failure)
         elif self.state is not RunState.DONE:
             # Stalled: the cause is the diagnosis; interrupted: the user. Unless a rank erred.
-            root = self.output.tracker.root_cause()
+            root = self.facts.tracker.root_cause()
             root = root if root and not root.consequence else None
         exit_code = 0
         if self.state is RunState.FAILED:
@@ -426,7 +342,7 @@ class _Run:
             node = next((h for h, r in ranges.items() if rank in r), "?")
             by_node.setdefault(node, []).append(rank)
         codes = dict(self.codes)
-        codes.update(self.output.node_exits)
+        codes.update(self.facts.node_exits)
         return LaunchResult(
             state=self.state,
             exit_code=exit_code,
@@ -436,7 +352,7 @@ class _Run:
             root_cause=root,
             first_failure=self.first_failure,
             not_joined=by_node,
-            hang=self.output.progress.hang,
+            hang=self.facts.progress.hang,
         )
 
 
@@ -450,7 +366,7 @@ async def _supervise(
     restarts: list | None = None,
 ) -> LaunchResult:
     run = _Run(plan, run_dir, out)
-    run.output.progress.restarts = list(restarts or [])
+    run.facts.progress.restarts = list(restarts or [])
     loop = asyncio.get_running_loop()
     # The caller's own handlers come back afterwards: asyncio's removal would leave the
     # defaults (a program or test harness that runs a launch keeps its SIGTERM handling).
@@ -475,7 +391,7 @@ async def _supervise(
                 signal.signal(sig, handler)
         run.output.close()
     result = run.result()
-    result.restarts = run.output.progress.restarts
+    result.restarts = run.facts.progress.restarts
     if diagnosis is not None:
         result.diagnosis = await diagnosis
         result.seconds = time.monotonic() - run.started
