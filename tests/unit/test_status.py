@@ -354,7 +354,7 @@ def test_follow_redraws_until_the_run_ends_then_exits(tmp_path, capsys, as_json)
 def test_a_status_json_written_by_the_launcher_reads(tmp_path):
     from trainfleet.launch.progress import VERSION as WRITTEN
     from trainfleet.launch.progress import Progress
-    from trainfleet.launch.supervisor import RunState
+    from trainfleet.launch.result import RunState
 
     assert WRITTEN == VERSION and {s.value for s in RunState} <= set(KNOWN_STATES)
     progress = Progress(run_id="r1", ranks={"n1": range(0, 2)}, started_at=1000.0)

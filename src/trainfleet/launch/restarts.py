@@ -1,7 +1,7 @@
 """Why a run ended, in one line, for the restart log (`--max-restarts`) and the give-up message.
 
     >>> from pathlib import Path
-    >>> from trainfleet.launch.supervisor import LaunchResult, RunState
+    >>> from trainfleet.launch.result import LaunchResult, RunState
     >>> from trainfleet.status.hang import Hang
     >>> hang = Hang.from_json({"step": 19, "stuck_s": 3.2, "behind": [
     ...     {"node": "gpu-node-2", "rank": 1, "where": "stopped (SIGSTOP or a debugger)"}]})
@@ -39,7 +39,7 @@ from trainfleet.errors import TrainfleetError
 from trainfleet.launch import launch, new_run_id, prepare
 from trainfleet.launch.backend import Plan
 from trainfleet.launch.plan import LaunchOptions
-from trainfleet.launch.supervisor import LaunchResult, RunState, channel_end
+from trainfleet.launch.result import LaunchResult, RunState, channel_end
 
 RESTARTABLE = (RunState.FAILED, RunState.HUNG, RunState.STALLED)
 _DISK_FULL = re.compile(r"No space left on device|the next checkpoint needs about")

@@ -7,13 +7,14 @@ not its business (`launch/backend.py`).
     >>> result = supervise(plan, channels, run_dir=Path("runs/x"))  # doctest: +SKIP
     >>> result.exit_code  # doctest: +SKIP
 
-Lifecycle of a run (RunState): STARTING -> RUNNING -> (DONE | FAILED | STALLED | HUNG |
-INTERRUPTED). Heartbeats (`trainfleet.heartbeat`) are taken out of the output into
+A run goes through RunState's lifecycle (`launch/result.py`, with the LaunchResult it ends
+with). Heartbeats (`trainfleet.heartbeat`) are taken out of the output into
 RUN_DIR/status.json (`launch/progress.py`), rewritten every STATUS_EVERY_S; with a hang
 timeout, a run in which no rank advanced for that long is HUNG (before the first step, while
 the ranks beat startup phases, the startup timeout is the bound): every rank's stack is dumped
-(`launch/stacks.py`) and the collective it is stuck in read from every rank's Flight Recorder
-(`launch/collectives.py`) before the stop.
+and the collective it is stuck in read from every rank's Flight Recorder before the stop
+(`launch/watchdogs.py`, with the straggler judge). What the output said is the run's facts
+(`launch/runfacts.py`): joins, progress, errors.
 Every exit from RUNNING other than DONE stops every node the same way: the launcher closes the
 stdin of each node's bootstrap, which SIGTERMs and then SIGKILLs every process of the job on
 that node (tracked by pid, never by name), or sends DeepSpeed's runner SIGINT; a channel that
@@ -23,14 +24,12 @@ has not ended after the grace period is cut off here.
 from __future__ import annotations
 
 import asyncio
-import enum
 import functools
 import os
 import signal
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
@@ -38,76 +37,18 @@ from trainfleet.catalog import FindingId
 from trainfleet.launch import watchdogs
 from trainfleet.launch.backend import Channel, Plan
 from trainfleet.launch.output import MergedOutput, pump
-from trainfleet.launch.rootcause import RankError
+from trainfleet.launch.result import SSH_DROPPED, LaunchResult, RunState, channel_end, exit_code
 from trainfleet.launch.runfacts import RunFacts
-from trainfleet.status.hang import Hang
 from trainfleet.untrusted import printable
 
 CUT_OFF_AFTER_S = 5
 """After a node's grace period: how long before its ssh is killed."""
-SSH_DROPPED = 255
 STATUS_EVERY_S = 1.0
 KEEPALIVE_EVERY_S = 5.0
 LIFELINE_S = 30.0
 """A bootstrap that has heard nothing from the launcher for this long stops its node's job
 (`bootstrap.py`): the launcher writes an empty line to each every KEEPALIVE_EVERY_S. The
 launcher's side gives up on a silent node after 15 s (ssh's ServerAliveInterval=5 x 3)."""
-
-
-def channel_end(code: int) -> str:
-    """A channel's end in words: ssh's 255 is its connection, a negative code a signal here."""
-    if code == SSH_DROPPED:
-        return "its connection dropped"
-    if code < 0:
-        return f"its connection ended: its ssh was killed by signal {-code}"
-    return f"exit code {code}"
-
-
-class RunState(enum.Enum):
-    STARTING = "starting"
-    RUNNING = "running"
-    DONE = "done"
-    FAILED = "failed"
-    STALLED = "stalled"
-    """Not every rank joined the rendezvous within the join timeout."""
-    INTERRUPTED = "interrupted"
-    HUNG = "hung"
-    """Every rank had joined, then no rank advanced a step for the hang timeout."""
-
-
-@dataclass(kw_only=True, slots=True)
-class LaunchResult:
-    state: RunState
-    exit_code: int
-    run_dir: Path
-    seconds: float
-    node_codes: dict[str, int | None]
-    root_cause: RankError | None = None
-    first_failure: str | None = None
-    """The node whose command ended first with an error (or whose connection dropped)."""
-    not_joined: dict[str, list[int]] = field(default_factory=dict)
-    """STALLED: per node, the ranks that had not joined."""
-    diagnosis: list = field(default_factory=list)
-    """STALLED: doctor's findings between the nodes (filled by the caller)."""
-    hang: Hang | None = None
-    """HUNG: what the watchdog and the stack dumps found; the same record as status.json's."""
-    restarts: list = field(default_factory=list)
-    """The restarts before this run (`launch/restarts.py`), as given to `supervise`."""
-
-    def to_json(self) -> dict:
-        return {
-            "state": self.state.value,
-            "exit_code": self.exit_code,
-            "run_dir": str(self.run_dir),
-            "seconds": round(self.seconds, 3),
-            "node_codes": self.node_codes,
-            "root_cause": self.root_cause.to_json() if self.root_cause else None,
-            "first_failure": self.first_failure,
-            "not_joined": self.not_joined,
-            "diagnosis": [f.to_json() for f in self.diagnosis],
-            "hang": self.hang.to_json() if self.hang else None,
-            "restarts": self.restarts,
-        }
 
 
 class _Run:
@@ -328,14 +269,6 @@ class _Run:
             # Stalled: the cause is the diagnosis; interrupted: the user. Unless a rank erred.
             root = self.facts.tracker.root_cause()
             root = root if root and not root.consequence else None
-        exit_code = 0
-        if self.state is RunState.FAILED:
-            code = self.failure_code or 1
-            exit_code = root.exitcode if root and root.exitcode and root.exitcode > 0 else code
-        elif self.state is RunState.INTERRUPTED:
-            exit_code = 130
-        elif self.state in (RunState.STALLED, RunState.HUNG):
-            exit_code = 1
         ranges = self.plan.rank_ranges()
         by_node: dict[str, list[int]] = {}
         for rank in sorted(self.not_joined):
@@ -345,7 +278,7 @@ class _Run:
         codes.update(self.facts.node_exits)
         return LaunchResult(
             state=self.state,
-            exit_code=exit_code,
+            exit_code=exit_code(self.state, self.failure_code, root),
             run_dir=self.run_dir,
             seconds=time.monotonic() - self.started,
             node_codes=codes,
