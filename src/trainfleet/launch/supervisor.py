@@ -52,6 +52,9 @@ launcher's side gives up on a silent node after 15 s (ssh's ServerAliveInterval=
 
 
 class _Run:
+    """One run of the channels: the processes, the state (RunState), the facts the output gave
+    (`self.facts`) and the watchdogs' verdicts; `result()` once it has ended."""
+
     def __init__(self, plan: Plan, run_dir: Path, out: IO[str]) -> None:
         self.plan = plan
         self.run_dir = run_dir
@@ -133,16 +136,7 @@ class _Run:
                 self._failed(*node_failure)
             if self.state is RunState.FAILED:
                 break
-            not_joined = self.facts.joins.stalled(
-                self.started, time.monotonic(), self.plan.options.join_timeout
-            )
-            if not_joined is not None and waits:
-                self.state = RunState.STALLED
-                self.not_joined = not_joined
-                self.output.note(
-                    f"not every rank joined the rendezvous within "
-                    f"{self.plan.options.join_timeout:.0f} s: stopping every rank on every node"
-                )
+            if waits and self._stalled():
                 break
             self.write_status()
             self._keepalive()
@@ -190,6 +184,20 @@ class _Run:
                     proc.stdin.write(b"\n")
                 except (BrokenPipeError, ConnectionResetError, RuntimeError):
                     pass  # its end is seen by watch()
+
+    def _stalled(self) -> bool:
+        """The join watchdog (`launch/watchdogs.py`): True once it fired."""
+        not_joined = watchdogs.not_joined(
+            self.facts.joins,
+            started_at=self.started,
+            timeout=self.plan.options.join_timeout,
+            note=self.output.note,
+            now=time.monotonic(),
+        )
+        if not_joined is None:
+            return False
+        self.state, self.not_joined = RunState.STALLED, not_joined
+        return True
 
     def _hung(self) -> bool:
         """The hang watchdog (`launch/watchdogs.py`): True once it fired."""

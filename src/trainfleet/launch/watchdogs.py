@@ -1,9 +1,11 @@
-"""The watchdogs a launch runs over its facts (`launch/runfacts.py`) while the ranks work:
-stragglers named as they come and go, the hang watchdog, and, once it fires, every rank's stack
-and Flight Recorder read into the hang record (`status/hang.py`) before the stop. Each says what
-it found through `note` (the merged output's `trainfleet:` lines); the supervisor acts on it.
+"""The watchdogs a launch runs over its facts (`launch/runfacts.py`) while the ranks work: the
+join watchdog, stragglers named as they come and go, the hang watchdog, and, once it fires,
+every rank's stack and Flight Recorder read into the hang record (`status/hang.py`) before the
+stop. Each says what it found through `note` (the merged output's `trainfleet:` lines) and
+returns it; the supervisor acts on it.
 
     >>> from trainfleet.launch.progress import Progress
+from trainfleet.launch.runfacts import Joins
     >>> progress = Progress(run_id="r1", ranks={"n1": range(0, 2)}, started_at=0.0)
     >>> progress.beat(0, {"step": 3}, now=100.0); progress.beat(1, {"step": 3}, now=100.0)
     >>> hang = hung(progress, all_exited=False, startup_timeout=None, hang_timeout=30.0,
@@ -27,6 +29,7 @@ from pathlib import Path
 from trainfleet.catalog import FindingId
 from trainfleet.launch import collectives, stacks
 from trainfleet.launch.progress import Progress
+from trainfleet.launch.runfacts import Joins
 from trainfleet.status import rules as status_rules
 from trainfleet.status.hang import Behind, Hang, StackReport
 from trainfleet.untrusted import printable
@@ -35,6 +38,20 @@ STRAGGLERS_EVERY_S = 5.0
 """How often the launcher judges stragglers from the ranks' busy_s (`status/rules.py`)."""
 
 Note = Callable[[str], None]
+
+
+def not_joined(
+    joins: Joins, *, started_at: float, timeout: float, note: Note, now: float
+) -> set[int] | None:
+    """The ranks that had not joined the rendezvous, said, once the join timeout ran out
+    (`started_at`, `now`: monotonic seconds); None while it has not."""
+    missing = joins.stalled(started_at, now, timeout)
+    if missing is not None:
+        note(
+            f"not every rank joined the rendezvous within {timeout:.0f} s: stopping every rank"
+            " on every node"
+        )
+    return missing
 
 
 class Stragglers:
