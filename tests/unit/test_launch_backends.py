@@ -29,6 +29,7 @@ from trainfleet.launch.deepspeed import (
 )
 from trainfleet.launch.output import MergedOutput
 from trainfleet.launch.plan import Backend, LaunchFacts, LaunchOptions
+from trainfleet.launch.runfacts import RunFacts
 from trainfleet.node import shim
 from trainfleet.remote.failures import Failure, NodeResult
 
@@ -73,7 +74,8 @@ def _ds_plan() -> DeepSpeedPlan:
 def test_pdsh_output_is_split_by_node_and_rank_and_a_node_s_end_is_noted(tmp_path):
     plan = _ds_plan()
     out = io.StringIO()
-    merged = MergedOutput(plan, tmp_path, out, started=0.0)
+    facts = RunFacts(plan)
+    merged = MergedOutput(plan, tmp_path, out, 0.0, facts)
     runner = Channel(name="deepspeed", argv=[], demux=pdsh_line)
     merged.line(runner, "stdout", "gpu-node-2: [default1]:loss 1.5")
     merged.line(runner, "stderr", "pdsh@launch: gpu-node-2: ssh exited with exit code 3")
@@ -82,7 +84,7 @@ def test_pdsh_output_is_split_by_node_and_rank_and_a_node_s_end_is_noted(tmp_pat
     shown = out.getvalue().splitlines()
     assert shown[0].split() == ["[gpu-node-2:3]", "loss", "1.5"]
     assert shown[-1].split(maxsplit=1) == ["[deepspeed]", "a line of the runner itself"]
-    assert merged.node_exits == [("gpu-node-2", 3)]
+    assert facts.node_exits == [("gpu-node-2", 3)]
     assert "loss 1.5" in (tmp_path / "logs" / "gpu-node-2.rank3.log").read_text()
 
 
@@ -97,14 +99,15 @@ def test_a_beat_behind_a_progress_bar_on_the_same_line_is_still_a_beat(tmp_path)
     the beat is progress."""
     plan = _ds_plan()
     out = io.StringIO()
-    merged = MergedOutput(plan, tmp_path, out, started=0.0)
+    facts = RunFacts(plan)
+    merged = MergedOutput(plan, tmp_path, out, 0.0, facts)
     runner = Channel(name="deepspeed", argv=[], demux=pdsh_line)
     bar = " 33%|###3      | 1/3 [00:00<00:00,  4.33it/s]"
     beat = '@@trainfleet:r1:beat:2:{"step": 1, "pid": 7, "total_steps": 3}'
     merged.line(runner, "stderr", f"gpu-node-2: [default0]:{bar}{beat}")
     merged.line(runner, "stderr", f"gpu-node-2: [default0]:\r{beat.replace('1, ', '2, ')}")
     merged.close()
-    assert merged.progress.rows[2]["step"] == 2 and merged.progress.rows[2]["total_steps"] == 3
+    assert facts.progress.rows[2]["step"] == 2 and facts.progress.rows[2]["total_steps"] == 3
     shown = out.getvalue()
     assert bar in shown and "@@trainfleet" not in shown
     assert len(shown.splitlines()) == 1  # the bare "\r" before the second beat is no line

@@ -13,6 +13,7 @@ import pytest
 from trainfleet.launch.backend import Channel
 from trainfleet.launch.output import MergedOutput, pump
 from trainfleet.launch.plan import LaunchOptions, LaunchPlan, NodePlan
+from trainfleet.launch.runfacts import RunFacts
 from trainfleet.status.rundir import load_status
 
 pytestmark = pytest.mark.unit
@@ -32,6 +33,12 @@ def _plan() -> LaunchPlan:
     return LaunchPlan(options=LaunchOptions(command=("train.py",), run_id="r1"),
                       master="gpu-node-1", master_addr="10.0.0.1", master_port=29500,
                       nodes=nodes)  # fmt: skip
+
+
+def _merged(tmp_path, out: io.StringIO) -> tuple[MergedOutput, RunFacts]:
+    """The output of a launch of `_plan()`, and the run's facts it gives its events to."""
+    facts = RunFacts(_plan())
+    return MergedOutput(_plan(), tmp_path, out, 0.0, facts), facts
 
 
 def _pumped(output: MergedOutput, channel: Channel, data: bytes) -> None:
@@ -55,7 +62,7 @@ def test_malformed_marks_and_beats_are_one_note_and_later_lines_still_arrive(tmp
     the reading of that node; a string phase_progress raised on comparison; `total_steps:
     "10"` was stored and `trainfleet status` then refused the status.json."""
     out = io.StringIO()
-    output = MergedOutput(_plan(), tmp_path, out, started=0.0)
+    output, facts = _merged(tmp_path, out)
     lines = [
         _beat("²", '{"step": 1}'),
         "@@trainfleet:r1:exit=0:¹\n",
@@ -71,11 +78,11 @@ def test_malformed_marks_and_beats_are_one_note_and_later_lines_still_arrive(tmp
     ]
     _pumped(output, NODE_A, "".join(lines).encode())
     output.close()
-    rows = output.progress.rows
+    rows = facts.progress.rows
     assert rows[1]["step"] == 7 and rows[1]["pid"] == 4242  # read on after every bad line
     assert rows[0]["step"] == 2 and rows[0]["loss"] == 0.5 and rows[0]["phase_progress"] == 5
     assert "total_steps" not in rows[0]
-    assert output.joins.started == {1} and output.joins.exited == {}
+    assert facts.joins.started == {1} and facts.joins.exited == {}
     shown = out.getvalue()
     assert "a line of the job after them" in shown and "@@trainfleet" not in shown
     notes = [line for line in shown.splitlines() if line.startswith("trainfleet: gpu-node-1")]
@@ -86,7 +93,7 @@ def test_malformed_marks_and_beats_are_one_note_and_later_lines_still_arrive(tmp
     assert "`total_steps` is '10', not a whole number of steps" in logged
     assert "rank 0's exit mark exit=² has no exit code" in logged
     assert "17133" not in logged
-    output.progress.write(tmp_path / "status.json", state="running", now=1.0)
+    facts.progress.write(tmp_path / "status.json", state="running", now=1.0)
     assert load_status(tmp_path / "status.json")["ranks"][0]["step"] == 2  # status reads it
 
 
@@ -94,7 +101,7 @@ def test_a_node_cannot_set_another_node_s_ranks_status_pid_or_exit(tmp_path):
     """gpu-node-2 set rank 0's (gpu-node-1's) row: its step, its phase, and the pid that
     `py-spy dump` then reads on gpu-node-1 when the run hangs."""
     out = io.StringIO()
-    output = MergedOutput(_plan(), tmp_path, out, started=0.0)
+    output, facts = _merged(tmp_path, out)
     forged = [
         _beat("0", '{"step": 999999, "pid": 1, "phase": "done"}'),
         "@@trainfleet:r1:started:0\n",
@@ -102,13 +109,13 @@ def test_a_node_cannot_set_another_node_s_ranks_status_pid_or_exit(tmp_path):
         _beat("2", '{"step": 3, "pid": 77}'),  # its own rank: taken
     ]
     _pumped(output, NODE_B, "".join(forged).encode())
-    row = output.progress.rows[0]
+    row = facts.progress.rows[0]
     assert row["step"] is None and "pid" not in row and "phase" not in row
-    assert output.joins.started == set() and output.joins.exited == {}
-    assert output.progress.rows[2]["step"] == 3 and output.progress.rows[2]["pid"] == 77
+    assert facts.joins.started == set() and facts.joins.exited == {}
+    assert facts.progress.rows[2]["step"] == 3 and facts.progress.rows[2]["pid"] == 77
     assert "gpu-node-2: a mark for rank 0, not one of its ranks (2-3): ignored" in out.getvalue()
     _pumped(output, NODE_A, _beat("0", '{"step": 4, "pid": 4242}').encode())
-    assert output.progress.rows[0]["step"] == 4 and output.progress.rows[0]["pid"] == 4242
+    assert facts.progress.rows[0]["step"] == 4 and facts.progress.rows[0]["pid"] == 4242
 
 
 def test_a_32_mib_line_without_newline_is_cut_at_64_kib_with_a_note(tmp_path):
@@ -116,7 +123,7 @@ def test_a_32_mib_line_without_newline_is_cut_at_64_kib_with_a_note(tmp_path):
     32 MiB, keepalives late). The line is cut at the cap; the note says how much of which
     node's line was dropped; the lines after it still come."""
     out = io.StringIO()
-    output = MergedOutput(_plan(), tmp_path, out, started=0.0)
+    output, facts = _merged(tmp_path, out)
     _pumped(output, NODE_B, b"y" * (32 << 20) + b"\nafter\n" + b"z" * (CAP + 5))
     output.close()
     shown = out.getvalue().splitlines()
@@ -151,11 +158,11 @@ def test_hang_notes_show_what_nodes_said_as_text_and_a_node_dumps_only_its_own_r
     """F9: where a hung rank waits (its stack) and its Flight Recorder's names are the node's
     text, printed by trainfleet's own notes; and a node's dump for another node's rank is
     not taken for that rank."""
-    from trainfleet.launch.supervisor import _Run
+    from trainfleet.launch import watchdogs
+    from trainfleet.status.hang import Hang
 
     out = io.StringIO()
-    run = _Run(_plan(), tmp_path, out)
-    progress = run.output.progress
+    progress = RunFacts(_plan()).progress
     for rank in range(4):
         progress.beat(rank, {"step": 5, "pid": 100 + rank}, now=1.0)
     record = {"rank": 2, "pg_status": {"0": {"last_enqueued_collective": "3",
@@ -169,12 +176,16 @@ def test_hang_notes_show_what_nodes_said_as_text_and_a_node_dumps_only_its_own_r
                        f"@@rank 0 pid 1\n@@flight {json.dumps(dict(record, rank=0))}\n"
                        "State:\tS\nThread 1 (idle): \"MainThread\"\n    forged (f.py:1)\n"),
     }  # fmt: skip
-    asyncio.run(run.dump_stacks(lambda pids: dumps))
+    hang = Hang(stuck_s=30.0, detected_at=1.0, phase="training")
+    note = MergedOutput(_plan(), tmp_path, out, 0.0, RunFacts(_plan())).note
+    hang = asyncio.run(
+        watchdogs.dump_stacks(progress, hang, run_dir=tmp_path, dump=lambda pids: dumps, note=note)
+    )
     said = out.getvalue()
     assert "\x1b" not in said and "\x07" not in said
     assert "behind at step 5: gpu-node-1 rank 0: wait?[2J?[H (x.py:1)" in said
     assert "stuck in all_reduce?]0;x? #3 of process group 0 (pg?[2J)" in said
-    assert progress.hang["flight_records"] == [2]  # not rank 0's, from gpu-node-2
+    assert hang.report.flight_records == (2,)  # not rank 0's, from gpu-node-2
     assert "forged" not in said
     assert not (tmp_path / "stacks" / "gpu-node-2.rank0.txt").exists()
-    assert progress.hang["behind"][0]["where"] == "wait\x1b[2J\x1b[H (x.py:1)"  # kept as it came
+    assert hang.behind[0].where == "wait\x1b[2J\x1b[H (x.py:1)"  # kept as it came

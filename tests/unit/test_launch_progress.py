@@ -206,21 +206,21 @@ def test_the_watchdog_judges_startup_by_the_startup_timeout_and_training_by_the_
     plan, _ = prepare(load_cluster(), options, run_dir=tmp_path)
     out = io.StringIO()
     run = _Run(plan, tmp_path, out)
-    progress = run.output.progress
+    progress = run.facts.progress
     now = time.time()
     progress.beat(0, {"step": 0, "phase": "tokenizing", "phase_progress": 1}, now=now - 50)
     assert progress.in_startup and not run._hung()
     progress.beat(0, {"step": 0, "phase": "tokenizing", "phase_progress": 1}, now=now - 10)
     progress.last_advance = now - 121  # no startup progress for longer than its bound
     assert run._hung() and run.state is RunState.HUNG
-    assert progress.hang["phase"] == "startup"
+    assert progress.hang.phase == "startup"
     assert "no rank made startup progress for 121 s (startup timeout 120 s)" in out.getvalue()
 
     run = _Run(plan, tmp_path, io.StringIO())
-    progress = run.output.progress
+    progress = run.facts.progress
     progress.beat(0, {"step": 0, "phase": "loading"}, now=now - 100)
     progress.beat(0, {"step": 1}, now=now - 31)
-    assert run._hung() and progress.hang["phase"] == "training"
+    assert run._hung() and progress.hang.phase == "training"
 
 
 def test_once_every_rank_has_exited_silence_is_no_hang(tmp_path):
@@ -233,14 +233,14 @@ def test_once_every_rank_has_exited_silence_is_no_hang(tmp_path):
     options = LaunchOptions(command=("-c", "pass"), run_id=new_run_id(), hang_timeout=5.0)
     plan, _ = prepare(load_cluster(), options, run_dir=tmp_path)
     run = _Run(plan, tmp_path, io.StringIO())
-    run.output.progress.beat(0, {"step": 24}, now=time.time() - 30)
+    run.facts.progress.beat(0, {"step": 24}, now=time.time() - 30)
     assert run._hung()  # silent for 30 s while the rank still runs: a hang
     run = _Run(plan, tmp_path, io.StringIO())
-    run.output.progress.beat(0, {"step": 24}, now=time.time() - 30)
-    run.output.joins.mark("exit=0", 0, now=time.time())
-    assert run.output.joins.all_exited and not run._hung()
-    run.output.joins.mark("exit=x", 0, now=time.time())  # a garbled mark changes nothing
-    assert run.output.joins.exited == {0: 0}
+    run.facts.progress.beat(0, {"step": 24}, now=time.time() - 30)
+    run.facts.joins.mark("exit=0", 0, now=time.time())
+    assert run.facts.joins.all_exited and not run._hung()
+    run.facts.joins.mark("exit=x", 0, now=time.time())  # a garbled mark changes nothing
+    assert run.facts.joins.exited == {0: 0}
 
 
 def test_after_every_ranks_last_step_the_end_is_judged_by_the_startup_bound(tmp_path):
@@ -255,45 +255,41 @@ def test_after_every_ranks_last_step_the_end_is_judged_by_the_startup_bound(tmp_
                             startup_timeout=60.0)  # fmt: skip
     plan, _ = prepare(load_cluster(), options, run_dir=tmp_path)
     run = _Run(plan, tmp_path, io.StringIO())
-    progress = run.output.progress
+    progress = run.facts.progress
     progress.beat(0, {"step": 23, "total_steps": 24}, now=time.time() - 30)
     assert not progress.finishing and run._hung()  # a step still to go: a hang
     run = _Run(plan, tmp_path, io.StringIO())
-    progress = run.output.progress
+    progress = run.facts.progress
     progress.beat(0, {"step": 24, "total_steps": 24}, now=time.time() - 30)
     assert progress.finishing and not run._hung()  # 30 s < the 60 s bound
     progress.last_advance = time.time() - 90
-    assert run._hung() and progress.hang["phase"] == "finishing"
+    assert run._hung() and progress.hang.phase == "finishing"
     assert "ended its last step 90 s ago" in run.output.out.getvalue()
 
 
-def test_the_launcher_names_a_straggler_once_and_says_when_it_no_longer_is(tmp_path):
+def test_the_launcher_names_a_straggler_once_and_says_when_it_no_longer_is():
     """Judged as `trainfleet status` judges it (the busy_s medians, 20% margin), every
     STRAGGLERS_EVERY_S while the run goes on."""
-    from trainfleet.cluster import load_cluster
-    from trainfleet.launch import LaunchOptions, new_run_id, prepare
-    from trainfleet.launch.supervisor import _Run
+    from trainfleet.launch.watchdogs import STRAGGLERS_EVERY_S, Stragglers
 
-    plan, _ = prepare(load_cluster(), LaunchOptions(command=("-c", "pass"), run_id=new_run_id()),
-                      run_dir=tmp_path)  # fmt: skip
-    out = io.StringIO()
-    run = _Run(plan, tmp_path, out)
+    said: list[str] = []
+    stragglers = Stragglers(said.append)
     ranks = {f"n{r}": range(r, r + 1) for r in range(3)}
-    progress = run.output.progress = Progress(run_id="r", ranks=ranks, started_at=0.0)
+    progress = Progress(run_id="r", ranks=ranks, started_at=0.0)
     for step in range(1, 8):
         for rank, busy in ((0, 0.20), (1, 0.21), (2, 0.30)):
             progress.beat(rank, {"step": step, "busy_s": busy}, now=float(step))
-    run._judge_stragglers()
-    run._judge_stragglers()  # within STRAGGLERS_EVERY_S: not judged again
-    said = out.getvalue()
-    assert said.count("rank-straggler") == 1, said
-    assert "rank-straggler: rank 2 (n2) computes 46% longer per step than the other ranks" in said
+    stragglers.judge(progress, now=100.0)
+    stragglers.judge(progress, now=100.0 + STRAGGLERS_EVERY_S / 2)  # too soon: not judged again
+    assert len(said) == 1 and said[0].count("rank-straggler") == 1, said
+    assert said[0].startswith(
+        "rank-straggler: rank 2 (n2) computes 46% longer per step than the other ranks"
+    )
     for step in range(8, 30):
         for rank in range(3):
             progress.beat(rank, {"step": step, "busy_s": 0.2}, now=float(step))
-    run.stragglers_checked = 0.0
-    run._judge_stragglers()
-    assert "rank 2 (n2) is no longer a straggler" in out.getvalue()
+    stragglers.judge(progress, now=100.0 + STRAGGLERS_EVERY_S)
+    assert said[1:] == ["rank 2 (n2) is no longer a straggler"]
 
 
 def test_a_launcher_that_ends_0_with_no_rank_ever_started_is_no_success(tmp_path):
@@ -325,6 +321,6 @@ def test_a_launcher_that_ends_0_with_no_rank_ever_started_is_no_success(tmp_path
 
     run = _Run(plan, tmp_path, io.StringIO())  # the same end after a rank started: done
     run.procs, run.channels = {"deepspeed": Ended()}, {"deepspeed": Channel()}
-    run.output.joins.mark("started", 0, now=time.time())
+    run.facts.joins.mark("started", 0, now=time.time())
     asyncio.run(run.watch())
     assert run.state is RunState.DONE

@@ -9,8 +9,8 @@ import pytest
 
 from trainfleet.catalog import FindingId
 from trainfleet.launch.restarts import PERMANENT, cause_of, end_cause, record
+from trainfleet.launch.result import LaunchResult, RunState
 from trainfleet.launch.rootcause import RankError
-from trainfleet.launch.supervisor import LaunchResult, RunState
 
 pytestmark = pytest.mark.unit
 

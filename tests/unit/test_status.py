@@ -73,7 +73,7 @@ def test_the_straggler_is_named_with_its_margin():
         and "31% above the median of the other ranks (0.8 s" in note
         and "margin 20%" in note
     )
-    assert "STRAGGLER +31%" in render(view.to_json())
+    assert "STRAGGLER +31%" in render(view)
     # 31% slower is no straggler under a 35% margin.
     assert view_of("running_straggler", margin=0.35).stragglers == []
 
@@ -84,7 +84,7 @@ def test_eta_is_steps_left_times_the_median_step_time():
     assert view.ranks[0].eta_s == (1000 - 600) * 1.5
     assert view.ranks[1].eta_s == (1000 - 599) * 1.5  # rank 1 is a step behind
     assert view.eta_s == 601.5  # the job's: its slowest rank's
-    assert "ETA 10m02s" in render(view.to_json()).splitlines()[0]
+    assert "ETA 10m02s" in render(view).splitlines()[0]
     assert view_of("done").eta_s is None and view_of("hung").eta_s is None
 
 
@@ -103,7 +103,7 @@ def test_a_rank_that_stopped_beating_is_silent_and_step_times_make_no_straggler(
     # Rank 1's steps took longer, but without busy_s nobody is judged a straggler.
     assert view.straggler_check == "no busy_s" and view.stragglers == []
     assert any("cannot be told without busy_s" in n for n in view.notes)
-    assert "SILENT" in render(view.to_json()) and "STRAGGLER" not in render(view.to_json())
+    assert "SILENT" in render(view) and "STRAGGLER" not in render(view)
 
 
 @pytest.mark.parametrize(
@@ -123,7 +123,7 @@ def test_a_rank_saving_a_checkpoint_is_not_silent():
     view = build_view(doc, now=doc["updated_at"])
     assert view.silent == [] and view.ranks[0].phase == "saving"
     assert "rank 0 (gpu-node-1) is saving: no new step for 2m00s, not silent" in view.notes[1]
-    assert "  saving" in render(view.to_json()).splitlines()[5]
+    assert "  saving" in render(view).splitlines()[5]
     doc["ranks"][0]["phase"] = "training"
     assert build_view(doc, now=doc["updated_at"]).silent == [0]
 
@@ -143,13 +143,13 @@ def test_a_rank_without_a_heartbeat_yet_is_shown_not_flagged():
     assert view.eta_s == pytest.approx(998 * 3.1)
     assert view.straggler_check == "too few samples"
     assert any(n.startswith("no heartbeat from rank 3 yet") for n in view.notes)
-    assert "no beat yet" in render(view.to_json())
+    assert "no beat yet" in render(view)
 
 
 def test_a_hung_run_shows_the_watchdog_finding_and_its_restarts():
     view = view_of("hung")
     assert (view.state, view.exit_code, view.restarts, view.silent) == ("hung", 1, 1, [])
-    text = render(view.to_json())
+    text = render(view)
     assert "hang: no rank advanced for 5m00s (hang timeout 5m00s), detected 1m40s ago" in text
     assert "behind: rank 2 (gpu-node-2): stopped (SIGSTOP or a debugger)" in text
     assert ("stuck in all_reduce #4977 of process group 0 (default_pg), input sizes [[262144]]"
@@ -212,7 +212,7 @@ def test_above_16_ranks_one_row_per_node_then_the_flagged_ranks():
     doc["ranks"] = [dict(base, rank=r, node=f"gpu-node-{r // 8 + 1}") for r in range(32)]
     doc["ranks"][13]["busy_times_s"] = [1.2] * 7
     doc["world_size"], doc["nodes"] = 32, {}
-    lines = render(build_view(doc, now=NOW["running_straggler"]).to_json()).splitlines()
+    lines = render(build_view(doc, now=NOW["running_straggler"])).splitlines()
     rows = [line for line in lines if line.startswith("gpu-node-")]
     assert [row.split()[:2] for row in rows] == [
         ["gpu-node-1", "0-7"],
@@ -321,7 +321,8 @@ def test_json_is_the_data_the_human_view_renders(tmp_path, monkeypatch, capsys):
     data = json.loads(capsys.readouterr().out)
     assert main(["status", str(tmp_path)]) == 0
     human = capsys.readouterr().out
-    assert human == render(data) + "\n"
+    view = read_view(tmp_path / "status.json", now=NOW["running_straggler"])
+    assert data == json.loads(json.dumps(view.to_json())) and human == render(view) + "\n"
     assert data["stragglers"] == [3] and data["ranks"][3]["slower_by"] == 0.312
     assert data["eta_s"] == 601.5 and data["exit_code"] == 0
     assert "gpu-node-2     2  600/1000      0.6 s     12.4k  31.3 GiB  0.80 s  10m00s" in human
@@ -353,7 +354,7 @@ def test_follow_redraws_until_the_run_ends_then_exits(tmp_path, capsys, as_json)
 def test_a_status_json_written_by_the_launcher_reads(tmp_path):
     from trainfleet.launch.progress import VERSION as WRITTEN
     from trainfleet.launch.progress import Progress
-    from trainfleet.launch.supervisor import RunState
+    from trainfleet.launch.result import RunState
 
     assert WRITTEN == VERSION and {s.value for s in RunState} <= set(KNOWN_STATES)
     progress = Progress(run_id="r1", ranks={"n1": range(0, 2)}, started_at=1000.0)
@@ -407,3 +408,39 @@ def test_status_json_keeps_what_nodes_said_with_control_characters_escaped(tmp_p
     data = json.loads(out)
     assert data["ranks"][0]["phase"] == doc["ranks"][0]["phase"]  # the text, kept whole
     assert data["hang"]["behind"][0]["where"] == doc["hang"]["behind"][0]["where"]
+
+
+def test_the_hang_record_reads_what_launchers_wrote_and_writes_back_the_same_keys(tmp_path):
+    """status.json's `hang` as this launcher writes it (at detection, then with the dumps),
+    as the first launchers wrote it (no phase, no collectives), the recorded fixture's (stacks
+    as a list), and values of the wrong type (read as unknown, never an error)."""
+    from trainfleet.launch.progress import Progress
+    from trainfleet.status.hang import Behind, Hang, StackReport
+
+    detected = {"stuck_s": 31.2, "detected_at": 1000.5, "phase": "startup"}
+    dumped = {**detected, "step": None, "behind": [{"node": "n1", "rank": 1, "where": "w (x.py)"}],
+              "stacks": "runs/r1/stacks", "collectives": [{"op": "all_reduce"}],
+              "flight_records": [0]}  # fmt: skip
+    first = {"stuck_s": 3.0, "step": 4, "behind": [{"node": "n1", "rank": 0, "where": "w"}],
+             "stacks": "runs/r0/stacks", "detected_at": 2.0}  # fmt: skip
+    for written in (detected, dumped, first, recorded("hung")["hang"]):
+        assert Hang.from_json(written).to_json() == written
+    assert Hang.from_json(detected).report is None and Hang.from_json(first).phase is None
+    odd = Hang.from_json({"stuck_s": "long", "behind": [2, "x"], "collectives": [1, {"op": "b"}]})
+    assert (odd.stuck_s, odd.report.collectives, odd.report.flight_records) == (
+        None,
+        ({"op": "b"},),
+        None,
+    )
+    assert odd.behind == (
+        Behind(node=None, rank=2, where=None),
+        Behind(node=None, rank=None, where=None),
+    )
+
+    progress = Progress(run_id="r1", ranks={"n1": range(0, 2)}, started_at=1000.0)
+    progress.beat(0, {"step": 1}, now=1001.0)
+    progress.hang = Hang.from_json(detected).dumped(Hang.from_json(dumped).report)
+    assert isinstance(progress.hang.report, StackReport)
+    progress.write(tmp_path / "status.json", state="hung", now=1040.0)
+    assert json.loads((tmp_path / "status.json").read_text())["hang"] == dumped
+    assert read_view(tmp_path / "status.json", now=1050.0).hang == progress.hang

@@ -180,7 +180,6 @@ def render_outcome(result, plan) -> str:
     from trainfleet.launch import RunState
     from trainfleet.launch.collectives import describe
     from trainfleet.launch.rootcause import known_fix
-    from trainfleet.launch.supervisor import hang_headline
 
     logs = result.run_dir / "logs"
     head = f"trainfleet: {result.state.value} after {result.seconds:.1f} s"
@@ -199,13 +198,14 @@ def render_outcome(result, plan) -> str:
     elif result.state is RunState.FAILED and result.first_failure:
         lines.append(f"root cause: {result.first_failure} ended first (no error text seen)")
     if result.state is RunState.HUNG and result.hang:
-        hang = result.hang
-        finding, headline = hang_headline(hang)
+        hang, report = result.hang, result.hang.report
+        finding, headline = hang.headline()
         lines.append(f"{finding}: {headline}; behind:")
-        lines += [f"  {b['node']} rank {b['rank']}: {b['where']}" for b in hang.get("behind", [])]
+        lines += [f"  {b.node} rank {b.rank}: {b.where}" for b in hang.behind]
         nodes = {r: host for host, ranks in plan.rank_ranges().items() for r in ranks}
-        lines += [f"  stuck in {describe(c, nodes)}" for c in hang.get("collectives") or []]
-        lines.append(f"  every rank's stack: {hang.get('stacks')}")
+        stuck = report.collectives if report else None
+        lines += [f"  stuck in {describe(c, nodes)}" for c in stuck or ()]
+        lines.append(f"  every rank's stack: {report.stacks if report else None}")
     if result.state is RunState.STALLED:
         missing = [
             f"{node} (rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))})"

@@ -11,8 +11,12 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trainfleet.errors import TrainfleetError
+
+if TYPE_CHECKING:
+    from trainfleet.status import StatusView
 
 HELP = "each node's and rank's step, heartbeat age, throughput, memory and ETA; stragglers"
 DESCRIPTION = """\
@@ -71,15 +75,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _show(data: dict, *, as_json: bool, redraw: bool) -> None:
+def _show(view: StatusView, *, as_json: bool, redraw: bool) -> None:
     from trainfleet.status import render
 
     if as_json:
-        print(json.dumps(data), flush=True)
+        print(json.dumps(view.to_json()), flush=True)
         return
     if redraw:
         sys.stdout.write("\x1b[H\x1b[2J")  # home, clear: a terminal shows the latest view only
-    print(render(data), flush=True)
+    print(render(view), flush=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -91,11 +95,11 @@ def run(args: argparse.Namespace) -> int:
     path = find_status_file(args.run_dir, cwd=Path.cwd())
     if not args.follow:
         view = read_view(path, margin=margin)
-        _show(view.to_json(), as_json=args.json, redraw=False)
+        _show(view, as_json=args.json, redraw=False)
         return view.exit_code
     redraw = sys.stdout.isatty() and not args.json
     for view in watch(path, interval=args.interval, margin=margin):
-        _show(view.to_json(), as_json=args.json, redraw=redraw)
+        _show(view, as_json=args.json, redraw=redraw)
         if not redraw and not args.json and view.live:
             print(flush=True)  # views apart when they scroll (a file, a pipe)
     return view.exit_code

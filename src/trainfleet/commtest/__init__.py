@@ -26,7 +26,7 @@ from trainfleet.commtest import formulas
 from trainfleet.doctor.findings import Finding
 from trainfleet.errors import TrainfleetError
 from trainfleet.launch import LaunchOptions, launch, new_run_id, prepare
-from trainfleet.launch.supervisor import RunState
+from trainfleet.launch.result import RunState
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)

@@ -1,7 +1,7 @@
 """A launch's merged output: every line of every channel prefixed `[node:rank]`, printed and
-logged per rank (RUN_DIR/logs); the rank shim's marks taken out of it for the join watchdog
-(`Joins`) and the exit codes, heartbeats for RUN_DIR/status.json (`launch/progress.py`), and
-every other line fed to the root-cause tracker (`launch/rootcause.py`).
+logged per rank (RUN_DIR/logs), and turned into the run's events (`launch/runfacts.py`): the
+rank shim's marks (started, joined, exit codes) and heartbeats taken out of it, every other
+line given as the job's own output (the root-cause tracker reads those).
 
 What a node sends is data: a line is cut at LINE_CAP bytes (`remote/lines.py`); a mark counts
 only for a rank of the node it came from, and a heartbeat only with the fields
@@ -9,11 +9,18 @@ only for a rank of the node it came from, and a heartbeat only with the fields
 and every one in logs/launch.log, and reading goes on: a node whose output is not read would
 block in its next write.
 
-    >>> joins = Joins(world_size=2)
-    >>> joins.mark("started", 0, now=0.0); joins.mark("started", 1, now=0.0)
-    >>> joins.mark("entered", 0, now=1.0); joins.mark("joined", 0, now=1.5)
-    >>> joins.stalled(started_at=0.0, now=70.0, timeout=60.0)
-    {1}
+    >>> import io, tempfile
+    >>> from types import SimpleNamespace
+    >>> from trainfleet.launch.backend import ChannelLine
+    >>> options = SimpleNamespace(run_id="r1", hang_timeout=None, startup_timeout=None)
+    >>> plan = SimpleNamespace(options=options, world_size=1, rank_ranges=lambda: {"n1": range(1)})
+    >>> out, facts = io.StringIO(), RunFacts(plan)
+    >>> output = MergedOutput(plan, Path(tempfile.mkdtemp()), out, 0.0, facts)
+    >>> channel = SimpleNamespace(name="n1", split=lambda text: ChannelLine(node=None, text=text))
+    >>> output.line(channel, "stderr", "[default0]:@@trainfleet:r1:started:0")
+    >>> output.line(channel, "stdout", "[default0]:hello")
+    >>> out.getvalue(), facts.joins.started
+    ('[n1:0] hello\\n', {0})
 """
 
 from __future__ import annotations
@@ -22,13 +29,11 @@ import asyncio
 import re
 import time
 import traceback
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from trainfleet import heartbeat
-from trainfleet.launch.progress import Progress
-from trainfleet.launch.rootcause import ErrorTracker
+from trainfleet.launch.runfacts import RunFacts, exit_code
 from trainfleet.node import shim
 from trainfleet.remote.lines import LINE_CAP, READ_CHUNK, CappedLines, Line
 from trainfleet.untrusted import printable
@@ -42,18 +47,6 @@ _TORCH_RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")
 
 
 _RANK = re.compile(r"[0-9]{1,9}")
-_EXIT_CODE = re.compile(r"-?[0-9]{1,10}")
-"""ASCII digits only: `str.isdigit()` is true for `²`, which `int()` refuses."""
-
-
-def _exit_code(event: str) -> int | None:
-    """N of the shim's `exit=N` mark (None: another mark, or a garbled one).
-
-    >>> _exit_code("exit=-9"), _exit_code("exit=²"), _exit_code("joined")
-    (-9, None, None)
-    """
-    code = event[5:] if event.startswith("exit=") else ""
-    return int(code) if _EXIT_CODE.fullmatch(code) else None
 
 
 def _shown(text: str) -> str:
@@ -61,64 +54,22 @@ def _shown(text: str) -> str:
     return printable(text if len(text) <= 40 else text[:37] + "...")
 
 
-@dataclass(slots=True)
-class Joins:
-    """Join watchdog state, from the rank shim's marks (and which ranks have ended)."""
-
-    world_size: int
-    started: set = field(default_factory=set)
-    exited: dict = field(default_factory=dict)
-    """rank -> its exit code, from the shim's exit mark."""
-    joined: set = field(default_factory=set)
-    first_entered: float | None = None
-
-    def mark(self, event: str, rank: int, now: float) -> None:
-        if event == "started":
-            self.started.add(rank)
-        elif event == "entered":
-            self.first_entered = self.first_entered or now
-        elif event == "joined":
-            self.joined.add(rank)
-        elif (code := _exit_code(event)) is not None:
-            self.exited[rank] = code
-
-    @property
-    def all_exited(self) -> bool:
-        return len(self.exited) == self.world_size
-
-    def stalled(self, started_at: float, now: float, timeout: float) -> set[int] | None:
-        """The ranks that have not joined, once the join timeout has run out; else None."""
-        everyone = set(range(self.world_size))
-        if len(self.started) < self.world_size and now - started_at > timeout:
-            return everyone - self.joined
-        if self.first_entered and len(self.joined) < self.world_size:
-            if now - self.first_entered > timeout:
-                return everyone - self.joined
-        return None
-
-
 class MergedOutput:
-    """Prefixes, prints and logs every line; feeds the error tracker and the join watchdog."""
+    """Prefixes, prints and logs every line; gives the run's events to `facts`."""
 
-    def __init__(self, plan: Plan, run_dir: Path, out: IO[str], started: float) -> None:
+    def __init__(
+        self, plan: Plan, run_dir: Path, out: IO[str], started: float, facts: RunFacts
+    ) -> None:
         self.plan = plan
         self.out = out
         self.started = started
+        self.facts = facts
         self.logs: dict[str, IO[str]] = {}
         self.log_dir = run_dir / "logs"
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.tracker = ErrorTracker()
-        self.joins = Joins(plan.world_size)
         self.ranges = plan.rank_ranges()
-        self.node_exits: list[tuple[str, int]] = []
-        """(node, exit code) where a channel reports a node's end (pdsh, deepspeed backend)."""
         self.mark = f"{shim.MARK}:{plan.options.run_id}:"
         self.width = max(len(h) for h in self.ranges) + len(str(plan.world_size)) + 3
-        self.progress = Progress(
-            run_id=plan.options.run_id, ranks=self.ranges, started_at=time.time()
-        )
-        self.progress.hang_timeout_s = plan.options.hang_timeout
-        self.progress.startup_timeout_s = plan.options.startup_timeout
         self.warned: dict[tuple[str, str], int] = {}
         """(node, kind) -> how many notes `warn` had about what that node sent."""
         self.quiet = False
@@ -136,7 +87,7 @@ class MergedOutput:
         node, rank = channel.name, None
         said = channel.split(text)
         if said.node_exit and said.node_exit[0] in self.ranges:
-            self.node_exits.append(said.node_exit)
+            self.facts.node_ended(*said.node_exit)
         if said.node in self.ranges:
             node, text = said.node, said.text
         match = _TORCHRUN_PREFIX.match(text)
@@ -186,20 +137,17 @@ class MergedOutput:
             for problem in problems:
                 self.warn(node, "mark", f"{node}: rank {rank}'s heartbeat: {printable(problem)}"
                                         ": that field left out")  # fmt: skip
-            self.progress.beat(rank, fields, now=time.time())
+            self.facts.beat(rank, fields, now=time.time())
             return
-        code = _exit_code(event)
-        if event.startswith("exit=") and code is None:
+        if event.startswith("exit=") and exit_code(event) is None:
             self.warn(node, "mark", f"{node}: rank {rank}'s exit mark {_shown(event)} has no "
                                     "exit code: ignored")  # fmt: skip
             return
-        self.joins.mark(event, rank, now)
-        if code is not None:
-            self.tracker.note_exit(now, node, rank, code)
+        self.facts.mark(node, rank, event, now)
 
     def _plain(self, now: float, node: str, rank: int | None, stream: str, text: str) -> None:
-        """A line of the job's own output: the root-cause tracker, the terminal, the log."""
-        self.tracker.feed(now, node, rank, _TORCH_RANK_PREFIX.sub("", text, count=1))
+        """A line of the job's own output: the run's facts, the terminal, the log."""
+        self.facts.line(now, node, rank, _TORCH_RANK_PREFIX.sub("", text, count=1))
         if not self.quiet:
             prefix = f"[{node}:{rank}]" if rank is not None else f"[{node}]"
             self.out.write(f"{prefix:<{self.width}} {text}\n")

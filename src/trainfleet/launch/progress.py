@@ -32,10 +32,7 @@ status.json (version 1): `run_id`, `state` (the supervisor's RunState value, or 
 `step_times_s` and `busy_times_s`: the last STEP_HISTORY seconds between a rank's successive
 steps, and its busy seconds per step), `startup_timeout_s`, `training_started_at` (null while
 the run is starting up: before the first plain step beat), `hang` (null, or what the watchdog
-found: `stuck_s`, `detected_at`, `phase` (`startup`, `training` or `finishing`), `step`,
-`behind` (each `node`, `rank`, `where`), `stacks`, `collectives` (the stuck collective per
-process group, from the ranks' Flight Recorder: `launch/collectives.py`), `flight_records`
-(the ranks that gave one)), and `restarts`
+found: `status/hang.py`'s `Hang.to_json`), and `restarts`
 (each `at`, `attempt`, `after_run`, `cause`), and `launcher` (`host`, `pid`, `pid_start`: the
 process that writes the file, so that `trainfleet status` on that host can tell a launcher
 that ended at once).
@@ -54,6 +51,7 @@ from typing import Any
 
 from trainfleet.heartbeat import STEPPING_PHASES
 from trainfleet.procs import pid_start
+from trainfleet.status.hang import Hang
 
 STEP_HISTORY = 20
 VERSION = 1
@@ -75,7 +73,7 @@ class Progress:
         self.busy_times = {rank: deque(maxlen=STEP_HISTORY) for rank in self.rows}
         self.last_advance: float | None = None
         """When any rank last reached a new step (None before the first beat)."""
-        self.hang: dict[str, Any] | None = None
+        self.hang: Hang | None = None
         self.restarts: list[dict[str, Any]] = []
         self.hang_timeout_s: float | None = None
         self.startup_timeout_s: float | None = None
@@ -162,7 +160,7 @@ class Progress:
             "training_started_at": self.training_started_at,
             "nodes": self.nodes,
             "ranks": self.rank_rows(),
-            "hang": self.hang,
+            "hang": self.hang.to_json() if self.hang else None,
             "restarts": self.restarts,
             "launcher": self.launcher,
         }

@@ -1,10 +1,12 @@
 """Why a run ended, in one line, for the restart log (`--max-restarts`) and the give-up message.
 
     >>> from pathlib import Path
-    >>> from trainfleet.launch.supervisor import LaunchResult, RunState
+    >>> from trainfleet.launch.result import LaunchResult, RunState
+    >>> from trainfleet.status.hang import Hang
+    >>> hang = Hang.from_json({"step": 19, "stuck_s": 3.2, "behind": [
+    ...     {"node": "gpu-node-2", "rank": 1, "where": "stopped (SIGSTOP or a debugger)"}]})
     >>> hung = LaunchResult(state=RunState.HUNG, exit_code=1, run_dir=Path("r"), seconds=9.0,
-    ...     node_codes={}, hang={"step": 19, "stuck_s": 3.2, "behind": [
-    ...         {"node": "gpu-node-2", "rank": 1, "where": "stopped (SIGSTOP or a debugger)"}]})
+    ...     node_codes={}, hang=hang)
     >>> print(cause_of(hung))  # doctest: +ELLIPSIS
     rank-hung: no rank advanced past step 19 for 3 s; gpu-node-2 rank 1: stopped (SIGSTOP...)
 
@@ -37,7 +39,7 @@ from trainfleet.errors import TrainfleetError
 from trainfleet.launch import launch, new_run_id, prepare
 from trainfleet.launch.backend import Plan
 from trainfleet.launch.plan import LaunchOptions
-from trainfleet.launch.supervisor import LaunchResult, RunState, channel_end, hang_headline
+from trainfleet.launch.result import LaunchResult, RunState, channel_end
 
 RESTARTABLE = (RunState.FAILED, RunState.HUNG, RunState.STALLED)
 _DISK_FULL = re.compile(r"No space left on device|the next checkpoint needs about")
@@ -61,9 +63,8 @@ class Cause:
 
 def end_cause(result: LaunchResult) -> Cause:
     if result.state is RunState.HUNG and result.hang:
-        hang = result.hang
-        behind = "; ".join(f"{b['node']} rank {b['rank']}: {b['where']}" for b in hang["behind"])
-        finding, headline = hang_headline(hang)
+        behind = "; ".join(f"{b.node} rank {b.rank}: {b.where}" for b in result.hang.behind)
+        finding, headline = result.hang.headline()
         return Cause(finding, f"{headline}; {behind}")
     if result.state is RunState.STALLED:
         missing = ", ".join(f"{node} (ranks {ranks})" for node, ranks in result.not_joined.items())

@@ -7,13 +7,14 @@ not its business (`launch/backend.py`).
     >>> result = supervise(plan, channels, run_dir=Path("runs/x"))  # doctest: +SKIP
     >>> result.exit_code  # doctest: +SKIP
 
-Lifecycle of a run (RunState): STARTING -> RUNNING -> (DONE | FAILED | STALLED | HUNG |
-INTERRUPTED). Heartbeats (`trainfleet.heartbeat`) are taken out of the output into
+A run goes through RunState's lifecycle (`launch/result.py`, with the LaunchResult it ends
+with). Heartbeats (`trainfleet.heartbeat`) are taken out of the output into
 RUN_DIR/status.json (`launch/progress.py`), rewritten every STATUS_EVERY_S; with a hang
 timeout, a run in which no rank advanced for that long is HUNG (before the first step, while
 the ranks beat startup phases, the startup timeout is the bound): every rank's stack is dumped
-(`launch/stacks.py`) and the collective it is stuck in read from every rank's Flight Recorder
-(`launch/collectives.py`) before the stop.
+and the collective it is stuck in read from every rank's Flight Recorder before the stop
+(`launch/watchdogs.py`, with the straggler judge). What the output said is the run's facts
+(`launch/runfacts.py`): joins, progress, errors.
 Every exit from RUNNING other than DONE stops every node the same way: the launcher closes the
 stdin of each node's bootstrap, which SIGTERMs and then SIGKILLs every process of the job on
 that node (tracked by pid, never by name), or sends DeepSpeed's runner SIGINT; a channel that
@@ -23,31 +24,26 @@ has not ended after the grace period is cut off here.
 from __future__ import annotations
 
 import asyncio
-import enum
 import functools
 import os
 import signal
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
 from trainfleet.catalog import FindingId
-from trainfleet.launch import collectives, stacks
+from trainfleet.launch import watchdogs
 from trainfleet.launch.backend import Channel, Plan
 from trainfleet.launch.output import MergedOutput, pump
-from trainfleet.launch.rootcause import RankError
-from trainfleet.status import rules as status_rules
+from trainfleet.launch.result import SSH_DROPPED, LaunchResult, RunState, channel_end, exit_code
+from trainfleet.launch.runfacts import RunFacts
 from trainfleet.untrusted import printable
 
 CUT_OFF_AFTER_S = 5
 """After a node's grace period: how long before its ssh is killed."""
-SSH_DROPPED = 255
 STATUS_EVERY_S = 1.0
-STRAGGLERS_EVERY_S = 5.0
-"""How often the launcher judges stragglers from the ranks' busy_s (`status/rules.py`)."""
 KEEPALIVE_EVERY_S = 5.0
 LIFELINE_S = 30.0
 """A bootstrap that has heard nothing from the launcher for this long stops its node's job
@@ -55,77 +51,17 @@ LIFELINE_S = 30.0
 launcher's side gives up on a silent node after 15 s (ssh's ServerAliveInterval=5 x 3)."""
 
 
-def channel_end(code: int) -> str:
-    """A channel's end in words: ssh's 255 is its connection, a negative code a signal here."""
-    if code == SSH_DROPPED:
-        return "its connection dropped"
-    if code < 0:
-        return f"its connection ended: its ssh was killed by signal {-code}"
-    return f"exit code {code}"
-
-
-class RunState(enum.Enum):
-    STARTING = "starting"
-    RUNNING = "running"
-    DONE = "done"
-    FAILED = "failed"
-    STALLED = "stalled"
-    """Not every rank joined the rendezvous within the join timeout."""
-    INTERRUPTED = "interrupted"
-    HUNG = "hung"
-    """Every rank had joined, then no rank advanced a step for the hang timeout."""
-
-
-def hang_headline(hang: dict) -> tuple[FindingId, str]:
-    """A HUNG run's finding id and what happened, from its `hang` dict (status.json's)."""
-    stuck = f"{hang.get('stuck_s', 0):.0f} s"
-    if hang.get("phase") == "startup":
-        return FindingId.STARTUP_TIMEOUT, f"no startup progress for {stuck}, before the first step"
-    return FindingId.RANK_HUNG, f"no rank advanced past step {hang.get('step')} for {stuck}"
-
-
-@dataclass(kw_only=True, slots=True)
-class LaunchResult:
-    state: RunState
-    exit_code: int
-    run_dir: Path
-    seconds: float
-    node_codes: dict[str, int | None]
-    root_cause: RankError | None = None
-    first_failure: str | None = None
-    """The node whose command ended first with an error (or whose connection dropped)."""
-    not_joined: dict[str, list[int]] = field(default_factory=dict)
-    """STALLED: per node, the ranks that had not joined."""
-    diagnosis: list = field(default_factory=list)
-    """STALLED: doctor's findings between the nodes (filled by the caller)."""
-    hang: dict | None = None
-    """HUNG: `stuck_s`, `detected_at`, `step` (the lowest), `behind` (node, rank, where it
-    waits), `stacks` (the dumps' directory); the same dict as status.json's `hang`."""
-    restarts: list = field(default_factory=list)
-    """The restarts before this run (`launch/restarts.py`), as given to `supervise`."""
-
-    def to_json(self) -> dict:
-        return {
-            "state": self.state.value,
-            "exit_code": self.exit_code,
-            "run_dir": str(self.run_dir),
-            "seconds": round(self.seconds, 3),
-            "node_codes": self.node_codes,
-            "root_cause": self.root_cause.to_json() if self.root_cause else None,
-            "first_failure": self.first_failure,
-            "not_joined": self.not_joined,
-            "diagnosis": [f.to_json() for f in self.diagnosis],
-            "hang": self.hang,
-            "restarts": self.restarts,
-        }
-
-
 class _Run:
+    """One run of the channels: the processes, the state (RunState), the facts the output gave
+    (`self.facts`) and the watchdogs' verdicts; `result()` once it has ended."""
+
     def __init__(self, plan: Plan, run_dir: Path, out: IO[str]) -> None:
         self.plan = plan
         self.run_dir = run_dir
         self.started = time.monotonic()
-        self.output = MergedOutput(plan, run_dir, out, self.started)
+        self.facts = RunFacts(plan)
+        """What the output has said: joins, progress (status.json), errors, nodes' ends."""
+        self.output = MergedOutput(plan, run_dir, out, self.started, self.facts)
         self.procs: dict[str, asyncio.subprocess.Process] = {}
         self.channels: dict[str, Channel] = {}
         self.pumps: list[asyncio.Task] = []
@@ -137,8 +73,7 @@ class _Run:
         self.not_joined: set[int] = set()
         self.status_written = 0.0
         self.keepalive_sent = 0.0
-        self.stragglers_checked = 0.0
-        self.stragglers: set[int] = set()
+        self.stragglers = watchdogs.Stragglers(self.output.note)
 
     async def start(self, channels: list[Channel]) -> None:
         for channel in channels:
@@ -196,25 +131,16 @@ class _Run:
                 if task.result() != 0 and self.state is RunState.RUNNING:
                     self._failed(name, task.result())
             # pdsh (deepspeed backend) says when one node's command has ended, and how.
-            node_failure = next(((n, c) for n, c in self.output.node_exits if c != 0), None)
+            node_failure = next(((n, c) for n, c in self.facts.node_exits if c != 0), None)
             if node_failure and self.state is RunState.RUNNING:
                 self._failed(*node_failure)
             if self.state is RunState.FAILED:
                 break
-            not_joined = self.output.joins.stalled(
-                self.started, time.monotonic(), self.plan.options.join_timeout
-            )
-            if not_joined is not None and waits:
-                self.state = RunState.STALLED
-                self.not_joined = not_joined
-                self.output.note(
-                    f"not every rank joined the rendezvous within "
-                    f"{self.plan.options.join_timeout:.0f} s: stopping every rank on every node"
-                )
+            if waits and self._stalled():
                 break
             self.write_status()
             self._keepalive()
-            self._judge_stragglers()
+            self.stragglers.judge(self.facts.progress, now=time.monotonic())
             if self._hung():
                 break
         else:
@@ -230,7 +156,7 @@ class _Run:
         code, the shim, says so before anything else): nothing ran, whatever the exit codes.
         DeepSpeed's runner exits 0 when pdsh is ended by a signal (it passes on only positive
         codes), and its ranks' output is then lost with it."""
-        if not self.codes or self.output.joins.started or not self.plan.world_size:
+        if not self.codes or self.facts.joins.started or not self.plan.world_size:
             return
         where = ", ".join(sorted(self.codes))
         self.state = RunState.FAILED
@@ -243,9 +169,7 @@ class _Run:
     def write_status(self, *, now: float | None = None, force: bool = False) -> None:
         now = time.time() if now is None else now
         if force or now - self.status_written >= STATUS_EVERY_S:
-            self.output.progress.write(
-                self.run_dir / "status.json", state=self.state.value, now=now
-            )
+            self.facts.progress.write(self.run_dir / "status.json", state=self.state.value, now=now)
             self.status_written = now
 
     def _keepalive(self) -> None:
@@ -261,103 +185,41 @@ class _Run:
                 except (BrokenPipeError, ConnectionResetError, RuntimeError):
                     pass  # its end is seen by watch()
 
-    def _judge_stragglers(self) -> None:
-        """Says once when a rank becomes a straggler (its median busy_s above the others' by
-        more than status's margin), and once when it no longer is."""
-        now = time.monotonic()
-        if now - self.stragglers_checked < STRAGGLERS_EVERY_S:
-            return
-        self.stragglers_checked = now
-        progress = self.output.progress
-        found = status_rules.stragglers(progress.rank_rows())
-        for rank in sorted(set(found) - self.stragglers):
-            row = found[rank]
-            self.output.note(
-                f"{FindingId.RANK_STRAGGLER}: rank {rank} ({row.node}) computes"
-                f" {row.slower_by:.0%} longer per step than the other ranks (median busy"
-                f" {row.median_busy_s:.3g} s over its last {row.busy_samples} steps, the others'"
-                f" {row.others_busy_s:.3g} s): every step waits for it; a slower or throttled"
-                " GPU/CPU, or another job on the node"
-            )
-        for rank in sorted(self.stragglers - set(found)):
-            self.output.note(f"rank {rank} ({progress.rows[rank]['node']}) is no longer a"
-                             " straggler")  # fmt: skip
-        self.stragglers = set(found)
+    def _stalled(self) -> bool:
+        """The join watchdog (`launch/watchdogs.py`): True once it fired."""
+        not_joined = watchdogs.not_joined(
+            self.facts.joins,
+            started_at=self.started,
+            timeout=self.plan.options.join_timeout,
+            note=self.output.note,
+            now=time.monotonic(),
+        )
+        if not_joined is None:
+            return False
+        self.state, self.not_joined = RunState.STALLED, not_joined
+        return True
 
     def _hung(self) -> bool:
-        """No rank advanced for the bound of the run's phase: the startup timeout before the
-        first step (only startup beats so far), the hang timeout from it on."""
-        progress = self.output.progress
-        if self.output.joins.all_exited:
-            # Every rank has ended: what still runs is the nodes' launchers (torchrun's agents
-            # meet at an exit barrier), whose end watch() sees; silence now is no hang (seen in
-            # CI: a loaded node's agent took longer than a 5 s hang timeout to end).
-            return False
-        startup = progress.in_startup
-        # Before the first step and after the last, no step advances for a while by design
-        # (loading, tokenizing; the final save, an export): their own bound.
-        phase = "startup" if startup else "finishing" if progress.finishing else "training"
-        own_bound = phase != "training"
-        timeout = self.plan.options.startup_timeout if own_bound else self.plan.options.hang_timeout
-        stuck = progress.stuck_for(now=time.time())
-        if timeout is None or stuck is None or stuck < timeout:
-            return False
-        self.state = RunState.HUNG
-        progress.hang = {"stuck_s": round(stuck, 1), "detected_at": time.time(),
-                         "phase": phase}  # fmt: skip
-        if startup:
-            what = f"no rank made startup progress for {stuck:.0f} s"
-            what += f" (startup timeout {timeout:g} s)"
-        elif own_bound:
-            what = f"every rank ended its last step {stuck:.0f} s ago and the run has not ended"
-            what += f" (startup timeout {timeout:g} s, also the bound for the end)"
-        else:
-            what = f"no rank advanced a step for {stuck:.0f} s (hang timeout {timeout:g} s)"
-        self.output.note(
-            f"{what}: dumping every rank's stack, then stopping every rank on every node"
+        """The hang watchdog (`launch/watchdogs.py`): True once it fired."""
+        hang = watchdogs.hung(
+            self.facts.progress,
+            all_exited=self.facts.joins.all_exited,
+            startup_timeout=self.plan.options.startup_timeout,
+            hang_timeout=self.plan.options.hang_timeout,
+            note=self.output.note,
+            now=time.time(),
         )
+        if hang is None:
+            return False
+        self.state, self.facts.progress.hang = RunState.HUNG, hang
         return True
 
     async def dump_stacks(self, dump: Callable[[dict], dict[str, str]]) -> None:
-        """Every rank's stack (while they still run), then which ranks are behind and where."""
-        progress = self.output.progress
-        pids: dict[str, dict[int, int]] = {}
-        for rank, row in progress.rows.items():
-            if row.get("pid"):
-                pids.setdefault(row["node"], {})[rank] = row["pid"]
-        texts = await asyncio.get_running_loop().run_in_executor(None, dump, pids)
-        dumps, records = {}, {}
-        for node, text in texts.items():
-            dumps[node] = {}
-            for rank, part in stacks.split_dump(text).items():
-                if rank in progress.nodes.get(node, ()):  # a node speaks for its own ranks
-                    records[rank], dumps[node][rank] = stacks.take_flight_record(part)
-            stacks.write_dumps(self.run_dir, node, dumps[node])
-        stacks.write_flight_records(self.run_dir, progress.rows, records)
-        behind = []
-        ranks_behind = progress.behind()
-        for rank in ranks_behind:
-            node = progress.rows[rank]["node"]
-            text = dumps.get(node, {}).get(rank)
-            where = stacks.where_it_waits(text) if text else "no stack (no pid in its heartbeats)"
-            behind.append({"node": node, "rank": rank, "where": where})
-        lowest = progress.rows[ranks_behind[0]]["step"]
-        stuck = collectives.stuck_collectives(records, world_size=len(progress.rows))
-        progress.hang = {**(progress.hang or {}), "step": lowest, "behind": behind,
-                         "stacks": str(self.run_dir / "stacks"), "collectives": stuck,
-                         "flight_records": sorted(r for r, v in records.items() if v)}  # fmt: skip
-        # What a rank's stack and Flight Recorder say is the node's text: printable here,
-        # kept as it came in status.json (whose JSON escapes control characters).
-        for entry in behind:
-            self.output.note(
-                f"behind at step {lowest}: {entry['node']} rank {entry['rank']}: "
-                + printable(entry["where"])
-            )
-        nodes = {rank: row["node"] for rank, row in progress.rows.items()}
-        for found in stuck:
-            self.output.note(f"stuck in {printable(collectives.describe(found, nodes))}")
-        if not stuck:
-            self.output.note(printable(collectives.none_stuck(records, nodes)))
+        """Every rank's stack, into the hang record (`watchdogs.dump_stacks`)."""
+        progress = self.facts.progress
+        progress.hang = await watchdogs.dump_stacks(
+            progress, progress.hang, run_dir=self.run_dir, dump=dump, note=self.output.note
+        )
 
     async def stop(self) -> None:
         """Close every bootstrap's stdin (it stops its node's job), SIGINT DeepSpeed's runner
@@ -410,36 +272,28 @@ class _Run:
     def result(self) -> LaunchResult:
         root = None
         if self.state is RunState.FAILED:
-            root = self.output.tracker.root_cause(self.first_failure)
+            root = self.facts.tracker.root_cause(self.first_failure)
         elif self.state is not RunState.DONE:
             # Stalled: the cause is the diagnosis; interrupted: the user. Unless a rank erred.
-            root = self.output.tracker.root_cause()
+            root = self.facts.tracker.root_cause()
             root = root if root and not root.consequence else None
-        exit_code = 0
-        if self.state is RunState.FAILED:
-            code = self.failure_code or 1
-            exit_code = root.exitcode if root and root.exitcode and root.exitcode > 0 else code
-        elif self.state is RunState.INTERRUPTED:
-            exit_code = 130
-        elif self.state in (RunState.STALLED, RunState.HUNG):
-            exit_code = 1
         ranges = self.plan.rank_ranges()
         by_node: dict[str, list[int]] = {}
         for rank in sorted(self.not_joined):
             node = next((h for h, r in ranges.items() if rank in r), "?")
             by_node.setdefault(node, []).append(rank)
         codes = dict(self.codes)
-        codes.update(self.output.node_exits)
+        codes.update(self.facts.node_exits)
         return LaunchResult(
             state=self.state,
-            exit_code=exit_code,
+            exit_code=exit_code(self.state, self.failure_code, root),
             run_dir=self.run_dir,
             seconds=time.monotonic() - self.started,
             node_codes=codes,
             root_cause=root,
             first_failure=self.first_failure,
             not_joined=by_node,
-            hang=self.output.progress.hang,
+            hang=self.facts.progress.hang,
         )
 
 
@@ -453,7 +307,7 @@ async def _supervise(
     restarts: list | None = None,
 ) -> LaunchResult:
     run = _Run(plan, run_dir, out)
-    run.output.progress.restarts = list(restarts or [])
+    run.facts.progress.restarts = list(restarts or [])
     loop = asyncio.get_running_loop()
     # The caller's own handlers come back afterwards: asyncio's removal would leave the
     # defaults (a program or test harness that runs a launch keeps its SIGTERM handling).
@@ -478,7 +332,7 @@ async def _supervise(
                 signal.signal(sig, handler)
         run.output.close()
     result = run.result()
-    result.restarts = run.output.progress.restarts
+    result.restarts = run.facts.progress.restarts
     if diagnosis is not None:
         result.diagnosis = await diagnosis
         result.seconds = time.monotonic() - run.started

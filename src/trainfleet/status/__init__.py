@@ -14,8 +14,8 @@ launcher rewrites every second while a job runs and once at its end (stdlib only
 
 Modules: `rundir` (finding the file: a run dir, a `trainfleet train` OUTPUT, where a launch was
 started; reading and checking it), `view` (the data shown), `rules` (ETA, stragglers, silent
-ranks), `human` (the human view: header, table, notes). `launch/progress.py` documents the
-file's schema.
+ranks), `human` (the human view: header, table, notes), `hang` (the hang record, which the
+launcher writes too). `launch/progress.py` documents the file's schema.
 """
 
 from __future__ import annotations

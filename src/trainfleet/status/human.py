@@ -1,5 +1,4 @@
-"""The human status view, drawn from `StatusView.to_json()`: what `--json` prints is exactly
-what this renders from.
+"""The human status view, drawn from the `StatusView` whose `to_json()` is what `--json` prints.
 
     >>> duration(0.42), duration(75), duration(3725), duration(200000)
     ('0.4 s', '1m15s', '1h02m', '2d07h')
@@ -16,11 +15,14 @@ terminal as `?`, never as a command to it (`--json` keeps the text: JSON escapes
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from trainfleet.heartbeat import STEPPING_PHASES
 from trainfleet.status.view import fold_ranks
 from trainfleet.untrusted import printable
+
+if TYPE_CHECKING:
+    from trainfleet.status.view import RankRow, StatusView
 
 MAX_RANK_ROWS = 16
 _RANK_HEAD = ("node", "rank", "step", "last beat", "tokens/s", "memory", "busy", "ETA", "loss")
@@ -65,15 +67,15 @@ def _step(step: int | None, total: int | None) -> str:
     return f"{step}/{total}" if total else str(step)
 
 
-def _flags(rank: dict[str, Any]) -> str:
+def _flags(rank: RankRow) -> str:
     flags = []
-    if rank["straggler"]:
-        flags.append(f"STRAGGLER +{rank['slower_by']:.0%}")
-    if rank["silent"]:
+    if rank.straggler:
+        flags.append(f"STRAGGLER +{rank.slower_by:.0%}")
+    if rank.silent:
         flags.append("SILENT")
-    if rank["phase"] not in STEPPING_PHASES:
-        flags.append(rank["phase"])
-    if rank["step"] is None:
+    if rank.phase not in STEPPING_PHASES:
+        flags.append(rank.phase)
+    if rank.step is None:
         flags.append("no beat yet")
     return ", ".join(flags)
 
@@ -91,121 +93,115 @@ def _table(head: tuple[str, ...], rows: list[list[str]]) -> list[str]:
     return lines
 
 
-def _rank_rows(ranks: list[dict[str, Any]]) -> list[list[str]]:
+def _rank_rows(ranks: list[RankRow]) -> list[list[str]]:
     rows, previous = [], None
     for r in ranks:
         rows.append([
-            r["node"] if r["node"] != previous else "",
-            str(r["rank"]),
-            _step(r["step"], r["total_steps"]),
-            duration(r["since_beat_s"]),
-            rate(r["tokens_per_s"]),
-            human_bytes(r["memory_bytes"]),
-            "-" if r["median_busy_s"] is None else f"{r['median_busy_s']:.2f} s",
-            duration(r["eta_s"]),
-            "-" if r["loss"] is None else f"{r['loss']:.4g}",
+            r.node if r.node != previous else "",
+            str(r.rank),
+            _step(r.step, r.total_steps),
+            duration(r.since_beat_s),
+            rate(r.tokens_per_s),
+            human_bytes(r.memory_bytes),
+            "-" if r.median_busy_s is None else f"{r.median_busy_s:.2f} s",
+            duration(r.eta_s),
+            "-" if r.loss is None else f"{r.loss:.4g}",
             _flags(r),
         ])  # fmt: skip
-        previous = r["node"]
+        previous = r.node
     return rows
 
 
-def _node_rows(data: dict[str, Any]) -> list[list[str]]:
+def _node_rows(view: StatusView) -> list[list[str]]:
     rows = []
-    total = data["total_steps"]
-    for n in data["nodes"]:
-        steps = "-" if n["min_step"] is None else str(n["min_step"])
-        if n["max_step"] is not None and n["max_step"] != n["min_step"]:
-            steps += f"-{n['max_step']}"
-        slowest = "-" if n["slowest_rank"] is None else f"rank {n['slowest_rank']}"
-        flagged = f"{len(n['flagged'])} flagged: {fold_ranks(n['flagged'])}" if n["flagged"] else ""
+    total = view.total_steps
+    for n in view.nodes:
+        steps = "-" if n.min_step is None else str(n.min_step)
+        if n.max_step is not None and n.max_step != n.min_step:
+            steps += f"-{n.max_step}"
+        slowest = "-" if n.slowest_rank is None else f"rank {n.slowest_rank}"
+        flagged = f"{len(n.flagged)} flagged: {fold_ranks(n.flagged)}" if n.flagged else ""
         rows.append([
-            n["node"], fold_ranks(n["ranks"]), steps + (f"/{total}" if total else ""),
-            duration(n["since_beat_s"]), rate(n["tokens_per_s"]),
-            human_bytes(n["memory_bytes"]), slowest, flagged,
+            n.node, fold_ranks(n.ranks), steps + (f"/{total}" if total else ""),
+            duration(n.since_beat_s), rate(n.tokens_per_s),
+            human_bytes(n.memory_bytes), slowest, flagged,
         ])  # fmt: skip
     return rows
 
 
-def _head(data: dict[str, Any]) -> list[str]:
-    line = f"run {data['run_id']}: {data['state']}"
-    if data.get("starting_up") and data["live"]:
+def _head(view: StatusView) -> list[str]:
+    line = f"run {view.run_id}: {view.state}"
+    if view.starting_up and view.live:
         line += " (starting up: no step yet, startup phases judged by the startup timeout)"
-    if data["step"] is not None:
-        line += f", step {_step(data['step'], data['total_steps'])}"
-        if data["total_steps"]:
-            line += f" ({data['step'] / data['total_steps']:.0%})"
-    if data["eta_s"] is not None:
-        line += f", ETA {duration(data['eta_s'])}"
-    ended = "" if data["live"] else f", ended {duration(data['updated_ago_s'])} ago"
+    if view.step is not None:
+        line += f", step {_step(view.step, view.total_steps)}"
+        if view.total_steps:
+            line += f" ({view.step / view.total_steps:.0%})"
+    if view.eta_s is not None:
+        line += f", ETA {duration(view.eta_s)}"
+    ended = "" if view.live else f", ended {duration(view.updated_ago_s)} ago"
     second = (
-        f"{data['world_size']} rank(s) on {len(data['nodes'])} node(s), "
-        f"{'elapsed' if data['live'] else 'ran for'} {duration(data['elapsed_s'])}{ended}, "
-        f"restarts {data['restarts']}"
+        f"{view.world_size} rank(s) on {len(view.nodes)} node(s), "
+        f"{'elapsed' if view.live else 'ran for'} {duration(view.elapsed_s)}{ended}, "
+        f"restarts {view.restarts}"
     )
-    last = data["last_restart"]
+    last = view.last_restart
     if last:
-        ago = duration(data["now"] - last["at"]) if isinstance(last.get("at"), int | float) else "?"
+        ago = duration(view.now - last["at"]) if isinstance(last.get("at"), int | float) else "?"
         second += f" (last: attempt {last.get('attempt')}, {ago} ago: {last.get('cause')})"
-    where = f"status: {data['status_file']}"
-    if data["live"]:
-        where += f" (rewritten {duration(data['updated_ago_s'])} ago)"
+    where = f"status: {view.status_file}"
+    if view.live:
+        where += f" (rewritten {duration(view.updated_ago_s)} ago)"
     return [line, second, where]
 
 
-def _hang(data: dict[str, Any]) -> list[str]:
-    hang = data["hang"]
-    if not isinstance(hang, dict):
+def _hang(view: StatusView) -> list[str]:
+    hang = view.hang
+    if hang is None:
         return []
     line = "hang:"
-    startup = hang.get("phase") == "startup"
-    if hang.get("stuck_s") is not None:
+    startup = hang.phase == "startup"
+    if hang.stuck_s is not None:
         what = "no startup progress before the first step" if startup else "no rank advanced"
-        line += f" {what} for {duration(hang['stuck_s'])}"
-    bound = data.get("startup_timeout_s") if startup else data["hang_timeout_s"]
+        line += f" {what} for {duration(hang.stuck_s)}"
+    bound = view.startup_timeout_s if startup else view.hang_timeout_s
     if isinstance(bound, int | float) and bound:
         line += f" ({'startup' if startup else 'hang'} timeout {duration(bound)})"
-    if isinstance(hang.get("detected_at"), int | float):
-        line += f", detected {duration(data['now'] - hang['detected_at'])} ago"
+    if hang.detected_at is not None:
+        line += f", detected {duration(view.now - hang.detected_at)} ago"
     lines = [line]
-    nodes = {r["rank"]: r["node"] for r in data["ranks"]}
-    for who in hang.get("behind") or []:
-        if isinstance(who, dict):
-            rank = who.get("rank")
-            text = f"rank {rank} ({who.get('node', nodes.get(rank, '?'))})"
-            lines.append(f"  behind: {text}" + (f": {who['where']}" if who.get("where") else ""))
-        else:
-            lines.append(f"  behind: rank {who} ({nodes.get(who, '?')})")
-    collectives = hang.get("collectives")
-    if isinstance(collectives, list) and collectives:
+    nodes = {r.rank: r.node for r in view.ranks}
+    for who in hang.behind:
+        text = f"rank {who.rank} ({who.node or nodes.get(who.rank, '?')})"
+        lines.append(f"  behind: {text}" + (f": {who.where}" if who.where else ""))
+    report = hang.report
+    if report and report.collectives:
         from trainfleet.launch.collectives import describe  # (launch's package imports status)
 
-        for found in filter(lambda c: isinstance(c, dict), collectives):
+        for found in report.collectives:
             try:
                 lines.append(f"  stuck in {describe(found, nodes)}")
             except (KeyError, TypeError):
                 lines.append("  stuck in a collective (unreadable record: see status.json)")
-    stacks = hang.get("stacks")
-    if isinstance(stacks, dict):
-        stacks = list(stacks.values())
-    if isinstance(stacks, list) and stacks:
+    stacks = report.stacks if report else None
+    if isinstance(stacks, tuple) and stacks:
         more = f" (+{len(stacks) - 3} more)" if len(stacks) > 3 else ""
-        lines.append(f"  stacks: {', '.join(map(str, stacks[:3]))}{more}")
+        lines.append(f"  stacks: {', '.join(stacks[:3])}{more}")
     elif isinstance(stacks, str):
         lines.append(f"  stacks: {stacks}")
     return lines
 
 
-def render(data: dict[str, Any]) -> str:
-    """The human view of `StatusView.to_json()`."""
-    lines = [*_head(data), *_hang(data), ""]
-    if len(data["ranks"]) <= MAX_RANK_ROWS:
-        lines += _table(_RANK_HEAD, _rank_rows(data["ranks"]))
+def render(view: StatusView) -> str:
+    """The human view of `view` (`--json` prints its `to_json()`)."""
+    lines = [*_head(view), *_hang(view), ""]
+    if len(view.ranks) <= MAX_RANK_ROWS:
+        lines += _table(_RANK_HEAD, _rank_rows(view.ranks))
     else:
-        lines += _table(_NODE_HEAD, _node_rows(data))
-        flagged = [r for r in data["ranks"] if r["straggler"] or r["silent"]]
+        lines += _table(_NODE_HEAD, _node_rows(view))
+        flagged = [r for r in view.ranks if r.straggler or r.silent]
         if flagged:
             lines += ["", "flagged ranks:", *_table(_RANK_HEAD, _rank_rows(flagged))]
-    if data["notes"]:
-        lines += ["", *data["notes"]]
+    if view.notes:
+        lines += ["", *view.notes]
     return "\n".join(map(printable, lines))

@@ -26,6 +26,7 @@ from statistics import median
 from typing import Any
 
 from trainfleet.heartbeat import STEPPING_PHASES
+from trainfleet.status.hang import Hang
 from trainfleet.status.human import duration
 from trainfleet.status.view import (
     LIVE_STATES,
@@ -186,7 +187,7 @@ def build_view(
         world_size=status["world_size"],
         restarts=len(restarts),
         last_restart=restarts[-1] if restarts else None,
-        hang=status.get("hang"),
+        hang=Hang.from_json(status["hang"]) if status.get("hang") is not None else None,
         launcher=status.get("launcher"),
         hang_timeout_s=status.get("hang_timeout_s"),
         startup_timeout_s=status.get("startup_timeout_s"),

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from trainfleet.status.hang import Hang
+
 LIVE_STATES = ("starting", "running")
 ENDED_STATES = ("done", "failed", "stalled", "hung", "interrupted")
 
@@ -92,8 +94,8 @@ class StatusView:
     world_size: int
     restarts: int
     last_restart: dict[str, Any] | None
-    hang: dict[str, Any] | None
-    """The hang watchdog's finding, as the launcher wrote it."""
+    hang: Hang | None
+    """The hang watchdog's finding, as the launcher wrote it (`status/hang.py`)."""
     hang_timeout_s: float | None
     startup_timeout_s: float | None = None
     starting_up: bool = False
@@ -116,8 +118,8 @@ class StatusView:
     ranks: list[RankRow] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        """Everything the human view renders (`human.render` takes exactly this)."""
-        return asdict(self)
+        """What `--json` prints: the fields the human view (`human.render`) draws, as JSON."""
+        return {**asdict(self), "hang": self.hang.to_json() if self.hang else None}
 
 
 def fold_ranks(ranks: list[int]) -> str:
