@@ -1,5 +1,6 @@
-"""The launch backends behind one protocol (launch/backend.py): the registry, and a channel
-that carries several nodes' output (DeepSpeed's runner over pdsh) read by its own backend."""
+"""The launch backends behind one protocol (launch/backend.py): the registry the CLI reads
+(launch/backends/), and a channel that carries several nodes' output (DeepSpeed's runner over
+pdsh) read by its own backend."""
 
 from __future__ import annotations
 
@@ -16,19 +17,20 @@ from pathlib import Path
 import pytest
 
 from trainfleet import node
+from trainfleet.cli.main import build_parser
 from trainfleet.cluster import parse_cluster_yaml
 from trainfleet.errors import TrainfleetError
-from trainfleet.launch import BACKENDS, backend_for, deepspeed
 from trainfleet.launch.backend import Channel, LaunchBackend
-from trainfleet.launch.deepspeed import (
+from trainfleet.launch.backends import BACKENDS, backend_for, deepspeed
+from trainfleet.launch.backends.deepspeed import (
     DeepSpeedPlan,
     NodeTableEntry,
     pdsh_line,
     plan_deepspeed,
     render_deepspeed,
 )
+from trainfleet.launch.options import LaunchFacts, LaunchOptions
 from trainfleet.launch.output import MergedOutput
-from trainfleet.launch.plan import Backend, LaunchFacts, LaunchOptions
 from trainfleet.node import shim
 from trainfleet.remote.failures import Failure, NodeResult
 
@@ -41,11 +43,21 @@ PROTOCOL = {
 }
 
 
+def _launch_parser_backend():
+    launch = build_parser()._subparsers._group_actions[0].choices["launch"]
+    return next(a for a in launch._actions if a.dest == "backend")
+
+
 def test_every_backend_the_cli_offers_is_registered_and_has_the_whole_protocol():
-    assert set(BACKENDS) == set(Backend.ALL)
+    offered = _launch_parser_backend()
+    assert list(offered.choices) == list(BACKENDS) == ["ssh", "deepspeed"]
+    assert offered.default == "ssh" and offered.help == (
+        "ssh: torchrun on every node over ssh (default); deepspeed: DeepSpeed's own runner"
+        " (pdsh), each node still given its own environment"
+    )
     assert set(PROTOCOL) == {"plan", "render", "node_envs", "start", "stop"}
     for name, backend in BACKENDS.items():
-        assert backend.name == name
+        assert backend.name == name and backend.summary
         for method, signature in PROTOCOL.items():
             mine = inspect.signature(getattr(type(backend), method))
             assert list(mine.parameters) == list(signature.parameters), (name, method)
@@ -63,7 +75,7 @@ def _ds_plan() -> DeepSpeedPlan:
         NodeTableEntry(host="gpu-node-2", first_rank=2, slots=2, env={}, sources={}),
     ]
     return DeepSpeedPlan(
-        options=LaunchOptions(command=("train.py",), backend=Backend.DEEPSPEED, run_id="r1"),
+        options=LaunchOptions(command=("train.py",), backend="deepspeed", run_id="r1"),
         master="gpu-node-1", master_addr="10.0.0.1", master_port=29500, hostfile="",
         node_table=table, node_dir="/tmp/trainfleet-r1", ds_env="", argv=[], env={}, unset=[],
         cwd="/w", notes=[],
@@ -136,7 +148,7 @@ def _planned(tmp_path: Path) -> DeepSpeedPlan:
     plan = plan_deepspeed(
         parse_cluster_yaml(CLUSTER, "cluster.yaml"),
         {host: LaunchFacts(interface="eth0", gpus=2) for host in ("gpu-node-1", "gpu-node-2")},
-        LaunchOptions(command=("train.py",), backend=Backend.DEEPSPEED, run_id="r1"),
+        LaunchOptions(command=("train.py",), backend="deepspeed", run_id="r1"),
         master_addr="10.0.0.11",
         launch_env=LAUNCH_ENV,
         launch_cwd="/w",

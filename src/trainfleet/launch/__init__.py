@@ -11,9 +11,9 @@ hangs.
 
 `prepare` runs a quick doctor (the preflight: its facts give each node's interface, GPUs and
 the master's busy ports; its errors stop the launch) and makes the plan for the backend
-(`BACKENDS`: `ssh.py` with `plan.py`, `deepspeed.py` for DeepSpeed's runner; plans pure);
-`launch` has the backend start its channels, runs them (`supervisor.py`), has the backend clean
-up, and, when ranks did not join, asks doctor why.
+(`launch/backends/`: the registry, one module per backend; plans pure); `launch` has the
+backend start its channels, runs them (`supervisor.py`), has the backend clean up, and, when
+ranks did not join, asks doctor why.
 """
 
 from __future__ import annotations
@@ -38,10 +38,10 @@ from trainfleet.doctor.checks.network import (
 from trainfleet.doctor.findings import Severity
 from trainfleet.errors import TrainfleetError
 from trainfleet.files import write_private
-from trainfleet.launch import deepspeed, ssh
-from trainfleet.launch.backend import LaunchBackend, Plan
+from trainfleet.launch.backend import Plan
+from trainfleet.launch.backends import BACKENDS, backend_for
 from trainfleet.launch.masking import masked, masked_argv
-from trainfleet.launch.plan import LaunchFacts, LaunchOptions, LaunchPlan
+from trainfleet.launch.options import LaunchFacts, LaunchOptions
 from trainfleet.launch.supervisor import LaunchResult, RunState, supervise
 from trainfleet.node import procs
 from trainfleet.remote import run_on_nodes
@@ -49,24 +49,12 @@ from trainfleet.remote import run_on_nodes
 __all__ = [
     "BACKENDS",
     "LaunchOptions",
-    "LaunchPlan",
     "LaunchResult",
     "RunState",
     "backend_for",
     "launch",
     "prepare",
 ]
-
-BACKENDS: dict[str, LaunchBackend] = {b.name: b for b in (ssh.BACKEND, deepspeed.BACKEND)}
-"""Every launch backend by its `--backend` name (`launch/backend.py` says what one provides)."""
-
-
-def backend_for(plan_or_name: Plan | str) -> LaunchBackend:
-    name = plan_or_name if isinstance(plan_or_name, str) else plan_or_name.options.backend
-    if name not in BACKENDS:
-        raise TrainfleetError(f"no launch backend {name!r}", f"use one of {', '.join(BACKENDS)}")
-    return BACKENDS[name]
-
 
 HANDLED_BY_LAUNCH = (
     FindingId.PORT_IN_USE,

@@ -5,9 +5,9 @@
 
 A backend turns a cluster and a command into a plan (pure; `--dry-run` renders it), then the
 plan into channels, and cleans up after the run whatever ended it. The supervisor only runs
-channels; nothing outside a backend's own module knows which backend it is. `ssh.py` (torchrun
-on every node through trainfleet's bootstrap) and `deepspeed.py` (DeepSpeed's runner over
-pdsh) are the two today; a third (Slurm) is one more module registered in `launch/__init__.py`.
+channels; nothing outside a backend's own module knows which backend it is. The backends, one
+module each, and the registry the CLI reads are in `launch/backends/`; this module is what they
+and the supervisor share, and imports none of them.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from trainfleet.cluster import Cluster
-    from trainfleet.launch.plan import LaunchFacts, LaunchOptions
+    from trainfleet.launch.options import LaunchFacts, LaunchOptions
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,8 +70,19 @@ class Plan(Protocol):
     def rank_ranges(self) -> dict[str, range]: ...
 
 
+def head_line(plan: Plan) -> str:
+    """First line of `--dry-run`, for any backend."""
+    return (
+        f"backend {plan.options.backend}: {len(plan.rank_ranges())} node(s), world size "
+        f"{plan.world_size}, master {plan.master} ({plan.master_addr}:{plan.master_port})"
+    )
+
+
 class LaunchBackend(Protocol):
     name: str
+    """Its `--backend` name."""
+    summary: str
+    """What it runs, for `--backend`'s help."""
 
     def plan(
         self,

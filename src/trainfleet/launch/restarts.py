@@ -36,7 +36,7 @@ from trainfleet.doctor import DoctorReport
 from trainfleet.errors import TrainfleetError
 from trainfleet.launch import launch, new_run_id, prepare
 from trainfleet.launch.backend import Plan
-from trainfleet.launch.plan import LaunchOptions
+from trainfleet.launch.options import LaunchOptions
 from trainfleet.launch.supervisor import LaunchResult, RunState, channel_end, hang_headline
 
 RESTARTABLE = (RunState.FAILED, RunState.HUNG, RunState.STALLED)

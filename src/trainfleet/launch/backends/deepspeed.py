@@ -44,18 +44,10 @@ from trainfleet.cluster import Cluster
 from trainfleet.errors import TrainfleetError
 from trainfleet.files import write_private
 from trainfleet.launch import environment
-from trainfleet.launch.backend import Channel, ChannelLine
-from trainfleet.launch.environment import RUNNER_EXPORTS
+from trainfleet.launch.backend import Channel, ChannelLine, head_line
+from trainfleet.launch.environment import RUNNER_EXPORTS, env_lines, node_env
 from trainfleet.launch.masking import holds_secret, masked, masked_argv
-from trainfleet.launch.plan import (
-    Backend,
-    LaunchFacts,
-    LaunchOptions,
-    env_lines,
-    head_line,
-    master_port,
-    node_env,
-)
+from trainfleet.launch.options import LaunchFacts, LaunchOptions, master_port
 from trainfleet.node import isolated
 from trainfleet.remote import run_on_nodes, ssh_options
 
@@ -331,7 +323,8 @@ def pdsh_line(text: str) -> ChannelLine:
 
 
 class DeepSpeedBackend:
-    name = Backend.DEEPSPEED
+    name = "deepspeed"
+    summary = "DeepSpeed's own runner (pdsh), each node still given its own environment"
 
     def plan(
         self,
