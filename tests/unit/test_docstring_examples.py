@@ -49,6 +49,7 @@ MODULES = [
     "trainfleet.launch.backend",
     "trainfleet.launch.backends",
     "trainfleet.launch.backends.deepspeed",
+    "trainfleet.launch.backends.over_ssh",
     "trainfleet.launch.backends.ssh",
     "trainfleet.launch.entry",
     "trainfleet.launch.environment",

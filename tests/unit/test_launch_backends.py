@@ -20,7 +20,7 @@ from trainfleet import node
 from trainfleet.cli.main import build_parser
 from trainfleet.cluster import parse_cluster_yaml
 from trainfleet.errors import TrainfleetError
-from trainfleet.launch.backend import Channel, LaunchBackend
+from trainfleet.launch.backend import Channel, LaunchBackend, StopBy
 from trainfleet.launch.backends import BACKENDS, backend_for, deepspeed
 from trainfleet.launch.backends.deepspeed import (
     DeepSpeedPlan,
@@ -55,9 +55,11 @@ def test_every_backend_the_cli_offers_is_registered_and_has_the_whole_protocol()
         "ssh: torchrun on every node over ssh (default); deepspeed: DeepSpeed's own runner"
         " (pdsh), each node still given its own environment"
     )
-    assert set(PROTOCOL) == {"plan", "render", "node_envs", "start", "stop"}
+    assert set(PROTOCOL) == {
+        "preflight", "plan", "render", "node_envs", "start", "dump_stacks", "stop"
+    }  # fmt: skip
     for name, backend in BACKENDS.items():
-        assert backend.name == name and backend.summary
+        assert backend.name == name and backend.summary and backend.lookup_rounds in (1, 2)
         for method, signature in PROTOCOL.items():
             mine = inspect.signature(getattr(type(backend), method))
             assert list(mine.parameters) == list(signature.parameters), (name, method)
@@ -250,3 +252,18 @@ def test_the_shim_finds_its_node_s_variables_alone_and_in_a_directory_nodes_shar
         _put_node_files(sent[host])
     assert _shim_env(plan, directory, 0, monkeypatch)["TRAINFLEET_NODE"] == "gpu-node-1"
     assert _shim_env(plan, directory, 3, monkeypatch)["WANDB_API_KEY"] == NODE_2_SECRET
+
+
+def test_each_backend_s_channels_say_how_they_are_stopped(tmp_path, monkeypatch):
+    """The supervisor stops a channel as the channel says: a node's bootstrap by closing its
+    stdin (its lifeline, with keepalives), DeepSpeed's runner by SIGINT (it has no stdin)."""
+    from trainfleet.launch.backends import ssh
+
+    runner, _ = _started(_planned(tmp_path), tmp_path, monkeypatch)
+    assert runner.stop_by is StopBy.SIGINT and not runner.lifeline and not runner.has_stdin
+    cluster = parse_cluster_yaml(CLUSTER, "cluster.yaml")
+    plan = ssh.plan_launch(cluster, {}, LaunchOptions(command=("train.py",)),
+                           master_addr="10.0.0.11", launch_env={}, launch_cwd="/w")  # fmt: skip
+    bootstraps = ssh.BACKEND.start(plan, cluster, tmp_path)
+    assert [c.name for c in bootstraps] == ["gpu-node-1", "gpu-node-2"]
+    assert all(c.stop_by is StopBy.CLOSING_STDIN and c.lifeline and c.payload for c in bootstraps)

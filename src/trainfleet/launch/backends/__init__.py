@@ -7,9 +7,11 @@ and help, `launch.prepare` and `launch.launch` read.
     "DeepSpeed's own runner (pdsh), each node still given its own environment"
 
 A backend is one module here holding all of it: its plan and `--dry-run` text, its channels and
-its cleanup (`launch/backend.py`'s `LaunchBackend`). `ssh.py` (torchrun on every node through
-trainfleet's bootstrap) and `deepspeed.py` (DeepSpeed's runner over pdsh) are the two today. A
-third (Slurm) is one more module, registered below; `register` also takes one from outside.
+how each is stopped, its cleanup, its preflight and how its ranks' stacks are dumped
+(`launch/backend.py`'s `LaunchBackend`). `ssh.py` (torchrun on every node through trainfleet's
+bootstrap) and `deepspeed.py` (DeepSpeed's runner over pdsh) reach their nodes over ssh alike
+(`over_ssh.py`). A third (Slurm) is one more module, registered below; `register` also takes one
+from outside (a test's).
 """
 
 from __future__ import annotations

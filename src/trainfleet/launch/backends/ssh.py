@@ -16,7 +16,7 @@ variable.
 Each node's job (environment and secrets included) travels on the bootstrap's stdin, never in
 an argv that `ps` shows, never in a file; that stdin then stays open as the node's lifeline
 (`bootstrap.py`): closing it, or the launcher's keepalives stopping, ends every process of the
-job on that node. Nothing is left on a node to clean up afterwards.
+job on that node (`StopBy.CLOSING_STDIN`). Nothing is left on a node to clean up afterwards.
 """
 
 from __future__ import annotations
@@ -28,8 +28,10 @@ from pathlib import Path
 
 from trainfleet import node as node_programs
 from trainfleet.cluster import Cluster
+from trainfleet.doctor import DoctorReport
 from trainfleet.launch import environment
-from trainfleet.launch.backend import Channel, head_line
+from trainfleet.launch.backend import Channel, StopBy, head_line
+from trainfleet.launch.backends import over_ssh
 from trainfleet.launch.masking import masked, masked_argv
 from trainfleet.launch.options import LaunchFacts, LaunchOptions, master_port
 from trainfleet.launch.supervisor import LIFELINE_S
@@ -180,6 +182,10 @@ def render_plan(plan: LaunchPlan) -> str:
 class SshBackend:
     name = "ssh"
     summary = "torchrun on every node over ssh"
+    lookup_rounds = 2  # torchrun's agent, then its ranks
+
+    def preflight(self, cluster: Cluster, *, read_only: bool) -> DoctorReport:
+        return over_ssh.preflight(cluster, read_only=read_only)
 
     def plan(
         self,
@@ -208,7 +214,7 @@ class SshBackend:
         return {node.host: node.env for node in plan.nodes}
 
     def start(self, plan: LaunchPlan, cluster: Cluster, run_dir: Path) -> list[Channel]:
-        """One bootstrap per node."""
+        """One bootstrap per node, its stdin the node's lifeline."""
         shim_source = node_programs.source("shim")
         channels = []
         for node_plan in plan.nodes:
@@ -224,8 +230,15 @@ class SshBackend:
             }
             argv = node_argv(node, node_programs.argv(node.python, "bootstrap"), multiplex=False)
             payload = node_programs.line("bootstrap", "main", job)
-            channels.append(Channel(name=node.host, argv=argv, payload=payload))
+            channels.append(
+                Channel(name=node.host, argv=argv, payload=payload, stop_by=StopBy.CLOSING_STDIN)
+            )
         return channels
+
+    def dump_stacks(
+        self, plan: LaunchPlan, cluster: Cluster, pids: dict[str, dict[int, int]]
+    ) -> dict[str, str]:
+        return over_ssh.dump_stacks(cluster, pids)
 
     def stop(self, plan: LaunchPlan, cluster: Cluster) -> None:
         """Nothing: each bootstrap ends its node's job when its stdin closes."""
