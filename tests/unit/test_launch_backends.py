@@ -1,5 +1,6 @@
-"""The launch backends behind one protocol (launch/backend.py): the registry, and a channel
-that carries several nodes' output (DeepSpeed's runner over pdsh) read by its own backend."""
+"""The launch backends behind one protocol (launch/backend.py): the registry the CLI reads
+(launch/backends/), and a channel that carries several nodes' output (DeepSpeed's runner over
+pdsh) read by its own backend."""
 
 from __future__ import annotations
 
@@ -16,19 +17,20 @@ from pathlib import Path
 import pytest
 
 from trainfleet import node
+from trainfleet.cli.main import build_parser
 from trainfleet.cluster import parse_cluster_yaml
 from trainfleet.errors import TrainfleetError
-from trainfleet.launch import BACKENDS, backend_for, deepspeed
-from trainfleet.launch.backend import Channel, LaunchBackend
-from trainfleet.launch.deepspeed import (
+from trainfleet.launch.backend import Channel, LaunchBackend, StopBy
+from trainfleet.launch.backends import BACKENDS, backend_for, deepspeed
+from trainfleet.launch.backends.deepspeed import (
     DeepSpeedPlan,
     NodeTableEntry,
     pdsh_line,
     plan_deepspeed,
     render_deepspeed,
 )
+from trainfleet.launch.options import LaunchFacts, LaunchOptions
 from trainfleet.launch.output import MergedOutput
-from trainfleet.launch.plan import Backend, LaunchFacts, LaunchOptions
 from trainfleet.launch.runfacts import RunFacts
 from trainfleet.node import shim
 from trainfleet.remote.failures import Failure, NodeResult
@@ -42,11 +44,23 @@ PROTOCOL = {
 }
 
 
+def _launch_parser_backend():
+    launch = build_parser()._subparsers._group_actions[0].choices["launch"]
+    return next(a for a in launch._actions if a.dest == "backend")
+
+
 def test_every_backend_the_cli_offers_is_registered_and_has_the_whole_protocol():
-    assert set(BACKENDS) == set(Backend.ALL)
-    assert set(PROTOCOL) == {"plan", "render", "node_envs", "start", "stop"}
+    offered = _launch_parser_backend()
+    assert list(offered.choices) == list(BACKENDS) == ["ssh", "deepspeed"]
+    assert offered.default == "ssh" and offered.help == (
+        "ssh: torchrun on every node over ssh (default); deepspeed: DeepSpeed's own runner"
+        " (pdsh), each node still given its own environment"
+    )
+    assert set(PROTOCOL) == {
+        "preflight", "plan", "render", "node_envs", "start", "dump_stacks", "stop"
+    }  # fmt: skip
     for name, backend in BACKENDS.items():
-        assert backend.name == name
+        assert backend.name == name and backend.summary and backend.lookup_rounds in (1, 2)
         for method, signature in PROTOCOL.items():
             mine = inspect.signature(getattr(type(backend), method))
             assert list(mine.parameters) == list(signature.parameters), (name, method)
@@ -64,7 +78,7 @@ def _ds_plan() -> DeepSpeedPlan:
         NodeTableEntry(host="gpu-node-2", first_rank=2, slots=2, env={}, sources={}),
     ]
     return DeepSpeedPlan(
-        options=LaunchOptions(command=("train.py",), backend=Backend.DEEPSPEED, run_id="r1"),
+        options=LaunchOptions(command=("train.py",), backend="deepspeed", run_id="r1"),
         master="gpu-node-1", master_addr="10.0.0.1", master_port=29500, hostfile="",
         node_table=table, node_dir="/tmp/trainfleet-r1", ds_env="", argv=[], env={}, unset=[],
         cwd="/w", notes=[],
@@ -139,7 +153,7 @@ def _planned(tmp_path: Path) -> DeepSpeedPlan:
     plan = plan_deepspeed(
         parse_cluster_yaml(CLUSTER, "cluster.yaml"),
         {host: LaunchFacts(interface="eth0", gpus=2) for host in ("gpu-node-1", "gpu-node-2")},
-        LaunchOptions(command=("train.py",), backend=Backend.DEEPSPEED, run_id="r1"),
+        LaunchOptions(command=("train.py",), backend="deepspeed", run_id="r1"),
         master_addr="10.0.0.11",
         launch_env=LAUNCH_ENV,
         launch_cwd="/w",
@@ -241,3 +255,18 @@ def test_the_shim_finds_its_node_s_variables_alone_and_in_a_directory_nodes_shar
         _put_node_files(sent[host])
     assert _shim_env(plan, directory, 0, monkeypatch)["TRAINFLEET_NODE"] == "gpu-node-1"
     assert _shim_env(plan, directory, 3, monkeypatch)["WANDB_API_KEY"] == NODE_2_SECRET
+
+
+def test_each_backend_s_channels_say_how_they_are_stopped(tmp_path, monkeypatch):
+    """The supervisor stops a channel as the channel says: a node's bootstrap by closing its
+    stdin (its lifeline, with keepalives), DeepSpeed's runner by SIGINT (it has no stdin)."""
+    from trainfleet.launch.backends import ssh
+
+    runner, _ = _started(_planned(tmp_path), tmp_path, monkeypatch)
+    assert runner.stop_by is StopBy.SIGINT and not runner.lifeline and not runner.has_stdin
+    cluster = parse_cluster_yaml(CLUSTER, "cluster.yaml")
+    plan = ssh.plan_launch(cluster, {}, LaunchOptions(command=("train.py",)),
+                           master_addr="10.0.0.11", launch_env={}, launch_cwd="/w")  # fmt: skip
+    bootstraps = ssh.BACKEND.start(plan, cluster, tmp_path)
+    assert [c.name for c in bootstraps] == ["gpu-node-1", "gpu-node-2"]
+    assert all(c.stop_by is StopBy.CLOSING_STDIN and c.lifeline and c.payload for c in bootstraps)

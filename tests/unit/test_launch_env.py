@@ -11,9 +11,10 @@ import pytest
 
 from trainfleet.cluster import load_cluster, parse_cluster_yaml
 from trainfleet.errors import SpecError, TrainfleetError
-from trainfleet.launch.deepspeed import plan_deepspeed, render_deepspeed
+from trainfleet.launch.backends.deepspeed import plan_deepspeed, render_deepspeed
+from trainfleet.launch.backends.ssh import plan_launch, render_plan
 from trainfleet.launch.environment import ifname_matches, parse_deepspeed_env
-from trainfleet.launch.plan import LaunchFacts, LaunchOptions, plan_launch, render_plan
+from trainfleet.launch.options import LaunchFacts, LaunchOptions
 
 pytestmark = pytest.mark.unit
 

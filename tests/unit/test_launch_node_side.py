@@ -395,7 +395,7 @@ def test_the_hang_watchdogs_stack_dump_is_taken_by_the_shipped_program_on_each_n
     this machine, a one-node cluster run locally) and gives each rank's kernel state; py-spy's
     dump follows where it is installed. A rank already gone says so."""
     from trainfleet.cluster import load_cluster
-    from trainfleet.launch import dump_stacks
+    from trainfleet.launch.backends.over_ssh import dump_stacks
 
     stopped = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -419,7 +419,8 @@ def test_a_ranks_flight_record_comes_back_with_its_stack_dump(tmp_path):
     Flight Recorder summary, which arrives as the rank's `@@flight` line with the three
     collectives done and none pending; the launcher's side reads it as data."""
     from trainfleet.cluster import load_cluster
-    from trainfleet.launch import collectives, dump_stacks, stacks
+    from trainfleet.launch import collectives, stacks
+    from trainfleet.launch.backends.over_ssh import dump_stacks
 
     private = tmp_path / "run"
     private.mkdir(mode=0o700)

@@ -11,8 +11,9 @@ import json
 import pytest
 
 from trainfleet.launch.backend import Channel
+from trainfleet.launch.backends.ssh import LaunchPlan, NodePlan
+from trainfleet.launch.options import LaunchOptions
 from trainfleet.launch.output import MergedOutput, pump
-from trainfleet.launch.plan import LaunchOptions, LaunchPlan, NodePlan
 from trainfleet.launch.runfacts import RunFacts
 from trainfleet.status.rundir import load_status
 

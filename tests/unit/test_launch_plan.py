@@ -6,14 +6,9 @@ import pytest
 
 from trainfleet.cluster import load_cluster, parse_cluster_yaml
 from trainfleet.errors import TrainfleetError
+from trainfleet.launch.backends.ssh import plan_launch, render_plan
 from trainfleet.launch.masking import mask_value, masked, masked_argv
-from trainfleet.launch.plan import (
-    LaunchFacts,
-    LaunchOptions,
-    choose_master_port,
-    plan_launch,
-    render_plan,
-)
+from trainfleet.launch.options import LaunchFacts, LaunchOptions, choose_master_port
 from trainfleet.node import isolated
 
 pytestmark = pytest.mark.unit
@@ -179,7 +174,7 @@ def test_a_busy_master_port_moves_to_the_next_free_one_and_says_so():
 
 
 def _ds_plan(cluster, tmp_path, **options):
-    from trainfleet.launch.deepspeed import plan_deepspeed
+    from trainfleet.launch.backends.deepspeed import plan_deepspeed
 
     return plan_deepspeed(
         cluster,
@@ -198,7 +193,7 @@ def _ds_plan(cluster, tmp_path, **options):
 def test_deepspeed_plan_explicit_hosts_master_and_per_node_env_without_secrets_in_argv(
     tmp_path,
 ):
-    from trainfleet.launch.deepspeed import render_deepspeed
+    from trainfleet.launch.backends.deepspeed import render_deepspeed
 
     plan = _ds_plan(parse_cluster_yaml(CLUSTER, "cluster.yaml"), tmp_path)
     runner = ["/usr/bin/python3", "-u", "-c", isolated.RUN_MODULE, "deepspeed.launcher.runner"]

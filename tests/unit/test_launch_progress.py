@@ -136,7 +136,7 @@ def test_stack_dumps_split_per_rank_and_say_where_each_waits():
 
 
 def test_a_node_that_did_not_answer_says_so():
-    from trainfleet.launch import _no_dump
+    from trainfleet.launch.backends.over_ssh import no_dump as _no_dump
 
     dumps = split_dump(_no_dump({1: 77}, "connect timed out"))
     assert where_it_waits(dumps[1]) == "no stack: the node did not answer (connect timed out)"

@@ -21,7 +21,7 @@ from trainfleet.cli.common import (
     preflight_lines,
 )
 from trainfleet.errors import TrainfleetError
-from trainfleet.launch.plan import Backend
+from trainfleet.launch import backends
 from trainfleet.untrusted import printable_lines
 
 HELP = "start a training script on every node (torchrun over ssh), fail fast, explain hangs"
@@ -64,10 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_cluster_arguments(parser)
     parser.add_argument(
         "--backend",
-        choices=Backend.ALL,
-        default="ssh",
-        help="ssh: torchrun on every node over ssh (default); deepspeed: DeepSpeed's own "
-        "runner (pdsh), each node still given its own environment",
+        choices=list(backends.BACKENDS),
+        default=backends.DEFAULT_BACKEND,
+        help=backends.help_text(),
     )
     parser.add_argument(
         "--dry-run",
@@ -228,7 +227,7 @@ def render_outcome(result, plan) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trainfleet.launch import LaunchOptions, PreflightFailed, backend_for, new_run_id, prepare
+    from trainfleet.launch import LaunchOptions, PreflightFailed, new_run_id, prepare
     from trainfleet.launch.restarts import launch_with_restarts
 
     if args.max_restarts < 0:
@@ -257,7 +256,7 @@ def run(args: argparse.Namespace) -> int:
             plan, _ = prepare(
                 cluster, options, preflight=args.preflight, run_dir=run_dir, dry_run=True
             )
-            print(backend_for(plan).render(plan))
+            print(backends.backend_for(plan).render(plan))
             return 0
         result, plan = launch_with_restarts(
             cluster,

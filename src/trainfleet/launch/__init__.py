@@ -9,11 +9,11 @@ hangs.
     >>> plan, report = prepare(cluster, options, run_dir=run_dir)  # doctest: +SKIP
     >>> result = launch(plan, cluster, run_dir=run_dir)  # doctest: +SKIP
 
-`prepare` runs a quick doctor (the preflight: its facts give each node's interface, GPUs and
-the master's busy ports; its errors stop the launch) and makes the plan for the backend
-(`BACKENDS`: `ssh.py` with `plan.py`, `deepspeed.py` for DeepSpeed's runner; plans pure);
-`launch` has the backend start its channels, runs them (`supervisor.py`), has the backend clean
-up, and, when ranks did not join, asks doctor why.
+`prepare` has the backend run its preflight (a quick doctor: its facts give each node's
+interface, GPUs and the master's busy ports; its errors stop the launch) and make its plan
+(`launch/backends/`: the registry, one module per backend; plans pure); `launch` has the
+backend start its channels, runs them (`supervisor.py`), has the backend dump the stacks of a
+hung run and clean up, and, when ranks did not join, asks the backend's preflight why.
 """
 
 from __future__ import annotations
@@ -25,10 +25,9 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from trainfleet import node as node_programs
 from trainfleet.catalog import FindingId
 from trainfleet.cluster import Cluster
-from trainfleet.doctor import DoctorReport, run_doctor
+from trainfleet.doctor import DoctorReport
 from trainfleet.doctor.checks.network import (
     LOOKUP_OPTIONS,
     listeners_besides_probe,
@@ -38,35 +37,21 @@ from trainfleet.doctor.checks.network import (
 from trainfleet.doctor.findings import Severity
 from trainfleet.errors import TrainfleetError
 from trainfleet.files import write_private
-from trainfleet.launch import deepspeed, ssh
-from trainfleet.launch.backend import LaunchBackend, Plan
+from trainfleet.launch.backend import Plan
+from trainfleet.launch.backends import BACKENDS, backend_for
 from trainfleet.launch.masking import masked, masked_argv
-from trainfleet.launch.plan import LaunchFacts, LaunchOptions, LaunchPlan
+from trainfleet.launch.options import LaunchFacts, LaunchOptions
 from trainfleet.launch.supervisor import LaunchResult, RunState, supervise
-from trainfleet.node import procs
-from trainfleet.remote import run_on_nodes
 
 __all__ = [
     "BACKENDS",
     "LaunchOptions",
-    "LaunchPlan",
     "LaunchResult",
     "RunState",
     "backend_for",
     "launch",
     "prepare",
 ]
-
-BACKENDS: dict[str, LaunchBackend] = {b.name: b for b in (ssh.BACKEND, deepspeed.BACKEND)}
-"""Every launch backend by its `--backend` name (`launch/backend.py` says what one provides)."""
-
-
-def backend_for(plan_or_name: Plan | str) -> LaunchBackend:
-    name = plan_or_name if isinstance(plan_or_name, str) else plan_or_name.options.backend
-    if name not in BACKENDS:
-        raise TrainfleetError(f"no launch backend {name!r}", f"use one of {', '.join(BACKENDS)}")
-    return BACKENDS[name]
-
 
 HANDLED_BY_LAUNCH = (
     FindingId.PORT_IN_USE,
@@ -159,7 +144,8 @@ def prepare(
     """The quick doctor, then the plan for options.backend. Raises PreflightFailed on its
     errors (with preflight), or TrainfleetError when a node could not be examined at all.
     `dry_run`: nothing is written anywhere, on the nodes or here (the run dir is only named)."""
-    report = run_doctor(cluster, quick=True, read_only=dry_run)
+    backend = backend_for(options.backend)
+    report = backend.preflight(cluster, read_only=dry_run)
     if preflight and blocking(report):
         raise PreflightFailed(report)
     unreachable = [h for h, info in report.nodes.items() if not info.get("reachable")]
@@ -174,7 +160,7 @@ def prepare(
             f"the master {cluster.master} has no address this machine can resolve",
             "use its address in the cluster spec, or add it to /etc/hosts",
         )
-    plan = backend_for(options.backend).plan(
+    plan = backend.plan(
         cluster,
         launch_facts(report),
         options,
@@ -191,8 +177,9 @@ def prepare(
 
 def _lookup_note(plan: Plan, seconds: float, host: str) -> str:
     """What the nodes' silent resolver costs this launch (doctor's `err=-3` warning)."""
-    waits = 1 if plan.options.backend == "deepspeed" else 2  # torchrun: its agent, then ranks
-    envs = backend_for(plan).node_envs(plan)
+    backend = backend_for(plan)
+    waits = backend.lookup_rounds
+    envs = backend.node_envs(plan)
     ours = any(env.get("RES_OPTIONS") == LOOKUP_OPTIONS for env in envs.values())
     each = 1.0 if ours else seconds
     what = (
@@ -233,33 +220,16 @@ def launch(
     }
     write_private(run_dir / "run.json", json.dumps(about, indent=2) + "\n")
 
+    backend = backend_for(plan)
+
     def diagnose() -> list:
-        report = run_doctor(cluster, quick=True)
+        report = backend.preflight(cluster, read_only=False)
         return [f for f in report.findings if f.severity >= Severity.WARNING]
 
-    backend = backend_for(plan)
     channels = backend.start(plan, cluster, run_dir)
     try:
         return supervise(plan, channels, run_dir=run_dir, out=out, diagnose=diagnose,
-                         dump_stacks=lambda pids: dump_stacks(cluster, pids),
+                         dump_stacks=lambda pids: backend.dump_stacks(plan, cluster, pids),
                          restarts=restarts)  # fmt: skip
     finally:
         backend.stop(plan, cluster)
-
-
-def dump_stacks(cluster: Cluster, pids: dict[str, dict[int, int]]) -> dict[str, str]:
-    """{node: {rank: pid}} -> {node: what `trainfleet.node.procs.dump_stacks` printed there},
-    every node at once; a node that does not answer within the bound gets a line per rank
-    saying so (a node whose link is down must not hold up the stop for long)."""
-    nodes = [n for n in cluster.nodes if n.host in pids]
-    argv = {n.host: node_programs.argv(n.python, "procs") for n in nodes}
-    ranks = {n.host: [f"{r}={pid}" for r, pid in pids[n.host].items()] for n in nodes}
-    job = {host: node_programs.line("procs", "dump_stacks", ranks[host]) for host in ranks}
-    results = run_on_nodes(nodes, argv, stdin=job, timeout=procs.DUMP_TIMEOUT_S + 5)
-    return {r.node: r.stdout if r.ok else _no_dump(pids[r.node], r.reason()) for r in results}
-
-
-def _no_dump(pids: dict[int, int], why: str) -> str:
-    """dump_stacks's output for ranks whose node did not answer."""
-    return "".join(f"@@rank {r} pid {pid}\nno stack: the node did not answer ({why})\n"
-                   for r, pid in pids.items())  # fmt: skip

@@ -4,14 +4,19 @@
     ChannelLine(node=None, text='text', node_exit=None)
 
 A backend turns a cluster and a command into a plan (pure; `--dry-run` renders it), then the
-plan into channels, and cleans up after the run whatever ended it. The supervisor only runs
-channels; nothing outside a backend's own module knows which backend it is. `ssh.py` (torchrun
-on every node through trainfleet's bootstrap) and `deepspeed.py` (DeepSpeed's runner over
-pdsh) are the two today; a third (Slurm) is one more module registered in `launch/__init__.py`.
+plan into channels, and cleans up after the run whatever ended it; it also says how its nodes
+are examined before a launch (`preflight`) and how its ranks' stacks are dumped when a run
+hangs. Each channel says how it is stopped (`StopBy`). The supervisor only runs channels;
+nothing outside a backend's own module knows which backend it is. The backends, one module
+each, and the registry the CLI reads are in `launch/backends/`; this module is what they and
+the supervisor share, and imports none of them.
 """
 
 from __future__ import annotations
 
+import asyncio
+import enum
+import signal
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +24,8 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from trainfleet.cluster import Cluster
-    from trainfleet.launch.plan import LaunchFacts, LaunchOptions
+    from trainfleet.doctor import DoctorReport
+    from trainfleet.launch.options import LaunchFacts, LaunchOptions
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +39,18 @@ class ChannelLine:
     """(node, exit code) where the line reports a node's end (pdsh's `ssh exited with`)."""
 
 
+class StopBy(enum.Enum):
+    """How the supervisor asks a channel's process to stop; past the grace period it kills
+    whatever is left of it here, either way."""
+
+    CLOSING_STDIN = "closing stdin"
+    """Its stdin is the node's lifeline (trainfleet's bootstrap): an empty line every few
+    seconds while the run goes on; closed, the bootstrap stops every process of the job on its
+    node."""
+    SIGINT = "SIGINT"
+    """SIGINT, as Ctrl-C would: DeepSpeed's runner then stops its nodes."""
+
+
 @dataclass(kw_only=True, slots=True, frozen=True)
 class Channel:
     """One local process of a run: an ssh to a node's bootstrap, or DeepSpeed's runner."""
@@ -41,8 +59,8 @@ class Channel:
     """The node (ssh backend), or the backend's name."""
     argv: list[str]
     payload: bytes | None = None
-    """First bytes on stdin, which then stays open as the node's lifeline; None: no stdin,
-    and the process is stopped with SIGINT (DeepSpeed's runner then stops its nodes)."""
+    """First bytes on stdin (None: no stdin, unless it is the lifeline)."""
+    stop_by: StopBy = StopBy.SIGINT
     demux: Callable[[str], ChannelLine] | None = None
     """Reads the node (and a node's end) out of a line, for a channel that carries several
     nodes' output; None: every line is the channel's own node's."""
@@ -53,6 +71,35 @@ class Channel:
 
     def split(self, text: str) -> ChannelLine:
         return self.demux(text) if self.demux else ChannelLine(node=None, text=text)
+
+    @property
+    def lifeline(self) -> bool:
+        """Whether its stdin stays open as the node's lifeline (a bootstrap over ssh): its
+        connection lost, the node's job stops by itself, unconfirmed here."""
+        return self.stop_by is StopBy.CLOSING_STDIN
+
+    @property
+    def has_stdin(self) -> bool:
+        return self.payload is not None or self.lifeline
+
+    def keep_alive(self, proc: asyncio.subprocess.Process) -> None:
+        """An empty line down a lifeline (its bootstrap stops the job when they stop coming);
+        nothing for another channel."""
+        if self.lifeline and proc.stdin is not None and proc.returncode is None:
+            try:
+                proc.stdin.write(b"\n")
+            except (BrokenPipeError, ConnectionResetError, RuntimeError):
+                pass  # its end is seen by the supervisor's watch
+
+    def ask_to_stop(self, proc: asyncio.subprocess.Process) -> None:
+        """The first step of every stop, as `stop_by` says."""
+        try:
+            if self.stop_by is StopBy.CLOSING_STDIN and proc.stdin is not None:
+                proc.stdin.close()
+            elif self.stop_by is StopBy.SIGINT:
+                proc.send_signal(signal.SIGINT)
+        except (BrokenPipeError, ConnectionResetError, RuntimeError, ProcessLookupError):
+            pass
 
 
 class Plan(Protocol):
@@ -70,8 +117,28 @@ class Plan(Protocol):
     def rank_ranges(self) -> dict[str, range]: ...
 
 
+def head_line(plan: Plan) -> str:
+    """First line of `--dry-run`, for any backend."""
+    return (
+        f"backend {plan.options.backend}: {len(plan.rank_ranges())} node(s), world size "
+        f"{plan.world_size}, master {plan.master} ({plan.master_addr}:{plan.master_port})"
+    )
+
+
 class LaunchBackend(Protocol):
     name: str
+    """Its `--backend` name."""
+    summary: str
+    """What it runs, for `--backend`'s help."""
+    lookup_rounds: int
+    """How many times each node's processes wait on c10d's reverse lookups before the ranks
+    connect (torchrun: its agent, then the ranks): what a silent resolver costs a launch."""
+
+    def preflight(self, cluster: Cluster, *, read_only: bool) -> DoctorReport:
+        """The quick doctor, as this backend reaches its nodes: its facts give each node's
+        interface, GPUs and the master's busy ports, its errors stop a launch; again after a
+        run whose ranks did not all join, for why. `read_only`: nothing written anywhere."""
+        ...
 
     def plan(
         self,
@@ -98,6 +165,13 @@ class LaunchBackend(Protocol):
     def start(self, plan: Plan, cluster: Cluster, run_dir: Path) -> list[Channel]:
         """What must be on the nodes and in the run dir before the channels start; then
         the channels."""
+        ...
+
+    def dump_stacks(
+        self, plan: Plan, cluster: Cluster, pids: dict[str, dict[int, int]]
+    ) -> dict[str, str]:
+        """{node: {rank: pid}} -> {node: what `trainfleet.node.procs.dump_stacks` printed
+        there} (`launch/stacks.py` reads it), while a hung run's ranks still run."""
         ...
 
     def stop(self, plan: Plan, cluster: Cluster) -> None:

@@ -27,12 +27,19 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trainfleet.catalog import FindingId
+from trainfleet.doctor.checks.network import LOOKUP_OPTIONS
 from trainfleet.errors import SpecError
+
+if TYPE_CHECKING:
+    from trainfleet.cluster import Cluster
+    from trainfleet.launch.options import LaunchFacts
 
 FORWARDED = ("PATH", "LD_LIBRARY_PATH", "CUDA_HOME")
 FORWARDED_PREFIXES = ("HF_", "WANDB_", "TORCH_")
@@ -142,7 +149,11 @@ def read_deepspeed_env_files(paths: list[Path]) -> list[tuple[str, dict[str, str
     return found
 
 
-def user_env(launch_env: Mapping[str, str], launch_cwd: str) -> list[tuple[str, dict[str, str]]]:
+UserEnv = list[tuple[str, dict[str, str]]]
+"""(source, variables) pairs, lowest precedence first: `user_env`'s result."""
+
+
+def user_env(launch_env: Mapping[str, str], launch_cwd: str) -> UserEnv:
     """Sources 1 and 2 (see the module's docstring), lowest precedence first: what every node
     gets before cluster.yaml and the node's facts."""
     files = read_deepspeed_env_files(deepspeed_env_paths(launch_env, launch_cwd))
@@ -176,3 +187,48 @@ def interface_notes(host: str, interface: str, given: Mapping[str, tuple[str, st
                 f"interface to the master, {interface}: {host} gets {name}={interface}"
             )
     return notes
+
+
+def node_env(
+    cluster: Cluster, host: str, facts: LaunchFacts, user: UserEnv
+) -> tuple[EnvBuilder, list[str]]:
+    """The node's environment with each variable's source (every source of the module's
+    docstring but trainfleet's run variables, which each backend adds), and what to tell the
+    user about it (a global interface variable that would not work on this node)."""
+    node = cluster.node(host)
+    env = EnvBuilder()
+    env.update(FLIGHT_RECORDER, DEFAULTS)
+    if facts.silent_resolver:
+        env.update({"RES_OPTIONS": LOOKUP_OPTIONS}, SILENT_RESOLVER)
+    for source, values in user:
+        env.update(values, source)
+    env.update(cluster.env, CLUSTER_YAML)
+    env.update({k: v for k, v in node.env.items() if cluster.env.get(k) != v},
+               f"cluster.yaml ({host})")  # fmt: skip
+    notes: list[str] = []
+    if facts.interface:
+        given = {
+            name: (env.values[name], env.sources[name])
+            for name in INTERFACE_VARIABLES
+            if name in env.values
+        }
+        notes = interface_notes(host, facts.interface, given)
+        env.update(dict.fromkeys(INTERFACE_VARIABLES, facts.interface), INTERFACE)
+    env.update({"TRAINFLEET_NODE": host}, TRAINFLEET)  # its name in the spec
+    if facts.gpus == 0:
+        env.update({"DS_ACCELERATOR": "cpu"}, NO_GPU)
+    if node.gpu_ids != tuple(range(node.slots)):
+        visible = ",".join(str(i) for i in node.gpu_ids)
+        env.update({"CUDA_VISIBLE_DEVICES": visible}, SLOT_LIST)
+    return env, notes
+
+
+def env_lines(env: Mapping[str, str], sources: Mapping[str, str]) -> list[str]:
+    """`    NAME=value` lines for `--dry-run`, sorted, each with its source where it is not
+    trainfleet (the caller masks the values)."""
+    lines = []
+    for key, value in sorted(env.items()):
+        source = sources.get(key, TRAINFLEET)
+        said = f"    {key}={shlex.quote(value)}"
+        lines.append(said if source == TRAINFLEET else f"{said}  # {source}")
+    return lines

@@ -38,7 +38,7 @@ from trainfleet.doctor import DoctorReport
 from trainfleet.errors import TrainfleetError
 from trainfleet.launch import launch, new_run_id, prepare
 from trainfleet.launch.backend import Plan
-from trainfleet.launch.plan import LaunchOptions
+from trainfleet.launch.options import LaunchOptions
 from trainfleet.launch.result import LaunchResult, RunState, channel_end
 
 RESTARTABLE = (RunState.FAILED, RunState.HUNG, RunState.STALLED)

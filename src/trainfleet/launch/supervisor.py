@@ -15,10 +15,11 @@ the ranks beat startup phases, the startup timeout is the bound): every rank's s
 and the collective it is stuck in read from every rank's Flight Recorder before the stop
 (`launch/watchdogs.py`, with the straggler judge). What the output said is the run's facts
 (`launch/runfacts.py`): joins, progress, errors.
-Every exit from RUNNING other than DONE stops every node the same way: the launcher closes the
-stdin of each node's bootstrap, which SIGTERMs and then SIGKILLs every process of the job on
-that node (tracked by pid, never by name), or sends DeepSpeed's runner SIGINT; a channel that
-has not ended after the grace period is cut off here.
+Every exit from RUNNING other than DONE stops every node the same way: each channel is asked to
+stop as its backend made it (`Channel.stop_by`: closing a node's bootstrap's stdin, which
+SIGTERMs and then SIGKILLs every process of the job on that node, tracked by pid, never by
+name; SIGINT to DeepSpeed's runner); a channel that has not ended after the grace period is
+cut off here.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ class _Run:
         for channel in channels:
             proc = await asyncio.create_subprocess_exec(
                 *channel.argv,
-                stdin=asyncio.subprocess.PIPE if channel.payload else asyncio.subprocess.DEVNULL,
+                stdin=asyncio.subprocess.PIPE if channel.has_stdin else asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 start_new_session=True,  # Ctrl-C reaches trainfleet, which stops nodes in order
@@ -179,11 +180,8 @@ class _Run:
             return
         self.keepalive_sent = now
         for name, proc in self.procs.items():
-            if self.channels[name].payload and proc.returncode is None:
-                try:
-                    proc.stdin.write(b"\n")
-                except (BrokenPipeError, ConnectionResetError, RuntimeError):
-                    pass  # its end is seen by watch()
+            if proc.returncode is None:
+                self.channels[name].keep_alive(proc)
 
     def _stalled(self) -> bool:
         """The join watchdog (`launch/watchdogs.py`): True once it fired."""
@@ -222,18 +220,13 @@ class _Run:
         )
 
     async def stop(self) -> None:
-        """Close every bootstrap's stdin (it stops its node's job), SIGINT DeepSpeed's runner
-        (it stops its nodes); past the grace period, kill what is left here."""
+        """Ask every channel to stop as it says (a bootstrap's stdin closed: it stops its
+        node's job; SIGINT to DeepSpeed's runner: it stops its nodes); past the grace period,
+        kill what is left here."""
         stop_started = time.monotonic()
         running = {n: p for n, p in self.procs.items() if p.returncode is None}
         for name, proc in running.items():
-            try:
-                if self.channels[name].payload:
-                    proc.stdin.close()
-                else:
-                    proc.send_signal(signal.SIGINT)
-            except (BrokenPipeError, ConnectionResetError, RuntimeError, ProcessLookupError):
-                pass
+            self.channels[name].ask_to_stop(proc)
         if running:
             limit = self.plan.options.grace + CUT_OFF_AFTER_S
             await asyncio.wait(
@@ -254,7 +247,7 @@ class _Run:
         # A node whose connection was lost or cut here never confirmed that its job ended.
         lost = [
             n for n, code in self.codes.items()
-            if self.channels[n].payload and code is not None and (code == SSH_DROPPED or code < 0)
+            if self.channels[n].lifeline and code is not None and (code == SSH_DROPPED or code < 0)
         ]  # fmt: skip
         if lost and self.state is not RunState.DONE:
             self.output.note(

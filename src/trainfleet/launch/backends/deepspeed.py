@@ -1,5 +1,6 @@
 """The `deepspeed` backend: DeepSpeed's own runner (pdsh) starts the ranks, and each node still
-gets its own environment. Plan pure, like the ssh backend's.
+gets its own environment. Plan pure, like the ssh backend's; the runner is one channel, which
+SIGINT stops (it then stops its nodes).
 
     >>> plan = plan_deepspeed(cluster, facts, options, master_addr="10.0.0.11", python="python3",
     ...     launch_env={}, launch_cwd="/w", run_dir=Path("r"))  # doctest: +SKIP
@@ -41,21 +42,15 @@ from pathlib import Path
 
 from trainfleet import node as node_programs
 from trainfleet.cluster import Cluster
+from trainfleet.doctor import DoctorReport
 from trainfleet.errors import TrainfleetError
 from trainfleet.files import write_private
 from trainfleet.launch import environment
-from trainfleet.launch.backend import Channel, ChannelLine
-from trainfleet.launch.environment import RUNNER_EXPORTS
+from trainfleet.launch.backend import Channel, ChannelLine, StopBy, head_line
+from trainfleet.launch.backends import over_ssh
+from trainfleet.launch.environment import RUNNER_EXPORTS, env_lines, node_env
 from trainfleet.launch.masking import holds_secret, masked, masked_argv
-from trainfleet.launch.plan import (
-    Backend,
-    LaunchFacts,
-    LaunchOptions,
-    env_lines,
-    head_line,
-    master_port,
-    node_env,
-)
+from trainfleet.launch.options import LaunchFacts, LaunchOptions, master_port
 from trainfleet.node import isolated
 from trainfleet.remote import run_on_nodes, ssh_options
 
@@ -331,7 +326,12 @@ def pdsh_line(text: str) -> ChannelLine:
 
 
 class DeepSpeedBackend:
-    name = Backend.DEEPSPEED
+    name = "deepspeed"
+    summary = "DeepSpeed's own runner (pdsh), each node still given its own environment"
+    lookup_rounds = 1  # DeepSpeed's launcher joins no rendezvous of its own: the ranks only
+
+    def preflight(self, cluster: Cluster, *, read_only: bool) -> DoctorReport:
+        return over_ssh.preflight(cluster, read_only=read_only)
 
     def plan(
         self,
@@ -379,7 +379,15 @@ class DeepSpeedBackend:
                 f"check that {plan.node_dir} can be created there",
             )
         env = {k: v for k, v in os.environ.items() if k not in plan.unset} | plan.env
-        return [Channel(name=self.name, argv=plan.argv, demux=pdsh_line, cwd=plan.cwd, env=env)]
+        # SIGINT: the runner then stops its nodes (stdin is no lifeline: it has none).
+        runner = Channel(name=self.name, argv=plan.argv, stop_by=StopBy.SIGINT, demux=pdsh_line,
+                         cwd=plan.cwd, env=env)  # fmt: skip
+        return [runner]
+
+    def dump_stacks(
+        self, plan: DeepSpeedPlan, cluster: Cluster, pids: dict[str, dict[int, int]]
+    ) -> dict[str, str]:
+        return over_ssh.dump_stacks(cluster, pids)
 
     def stop(self, plan: DeepSpeedPlan, cluster: Cluster) -> None:
         """DeepSpeed's runner stops its ranks by name (pkill -f); trainfleet then ends whatever
