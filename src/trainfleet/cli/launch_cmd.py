@@ -148,15 +148,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "command",
         nargs=argparse.REMAINDER,
         metavar="-- SCRIPT.py [ARGS]",
-        help="what to run: a .py file, -m MODULE, a console script (llamafactory-cli is "
-        "refused with its module), a shell script or any executable on the nodes",
+        help="what to run: a .py file, -m MODULE, a console script (llamafactory-cli train, "
+        "axolotl train, trl sft run their module), a shell script or any executable on the nodes",
     )
     parser.epilog = CLUSTER_YAML_EXAMPLE
 
 
 def _command(args: argparse.Namespace) -> tuple[str, ...]:
-    """What every rank runs; a launcher inside it (torchrun, deepspeed, accelerate launch,
-    llamafactory-cli train, axolotl train) is refused with the command to use instead."""
+    """What every rank runs; a launcher inside it (torchrun, deepspeed, accelerate launch) is
+    refused with the command to use instead (launch/entry.py)."""
     from trainfleet.launch.entry import entry_command
 
     rest = command_after_dashes(args.command)
