@@ -201,3 +201,14 @@ def test_launch_runs_llamafactory_clis_module_on_every_rank_and_says_so(capsys, 
         "trainfleet: running `-m llamafactory.launcher x.yaml` on every rank: what "
         "`llamafactory-cli train` has torchrun start on each rank, with all your arguments\n"
     )
+
+
+def test_launch_and_train_have_one_hang_timeout_default():
+    """launch's watchdog was off unless asked, train's at 300 s: one default now."""
+    from trainfleet.cli.main import build_parser
+    from trainfleet.heartbeat import HANG_TIMEOUT_S
+
+    parser = build_parser()
+    launch = parser.parse_args(["launch", "--", "t.py"])
+    train = parser.parse_args(["train", "--model", "m", "--data", "d", "--output", "o"])
+    assert launch.hang_timeout == train.hang_timeout == HANG_TIMEOUT_S == 300.0
