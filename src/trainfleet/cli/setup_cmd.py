@@ -19,6 +19,10 @@ from pathlib import Path
 
 from trainfleet.cli.common import CLUSTER_YAML_EXAMPLE, add_cluster_arguments, cluster_from_args
 from trainfleet.errors import SetupError
+from trainfleet.setup.steps import BY_NAME, ORDER
+
+ALONE = tuple(name for name in ORDER if name != "sync")
+"""The steps `trainfleet setup STEP` runs, in setup's order (sync is `trainfleet sync`)."""
 
 HELP = (
     "ssh trust, host keys, hostfile, per-node env, the training environment, firewall rule, "
@@ -40,6 +44,14 @@ their fingerprints; --yes: none; --dry-run: only the list):
             cluster.yaml written.
   env       each node's interface towards the master, python, CUDA_HOME and what its
             non-interactive PATH lacks, recorded per node in cluster.yaml.
+  pyenv     this machine's training environment on every node (torch, deepspeed,
+            transformers, ... and -r FILE's packages, what they require, at this machine's
+            versions) in --venv PATH (default: this machine's venv path), from wheels
+            gathered here and copied over ssh: the nodes need no internet. Nodes that match
+            are left alone; a node that cannot take a wheel (its Python, glibc, driver) is
+            named and nothing is installed anywhere. cluster.yaml's `python:` points there.
+            DeepSpeed's JIT ops (--ds-ops) are built on one node and copied to the others,
+            so the first launch compiles nothing.
   firewall  the minimal rule that lets the cluster's nodes reach each other over TCP on the
             data interface, for the active firewall (iptables, nftables, ufw, firewalld);
             printed, or with --apply added (and recorded); --revert removes exactly that.
@@ -49,14 +61,6 @@ their fingerprints; --yes: none; --dry-run: only the list):
             that joins a launch waits out one lookup), a line per address in /etc/hosts
             under a name of its own, e.g. `::ffff:10.0.0.12 gpu-node-2-ipv4-mapped`;
             shown, added, recorded; --revert removes exactly those lines.
-  pyenv     this machine's training environment on every node (torch, deepspeed,
-            transformers, ... and -r FILE's packages, what they require, at this machine's
-            versions) in --venv PATH (default: this machine's venv path), from wheels
-            gathered here and copied over ssh: the nodes need no internet. Nodes that match
-            are left alone; a node that cannot take a wheel (its Python, glibc, driver) is
-            named and nothing is installed anywhere. cluster.yaml's `python:` points there.
-            DeepSpeed's JIT ops (--ds-ops) are built on one node and copied to the others,
-            so the first launch compiles nothing.
   (sync)    `trainfleet sync DIR`: the code directory to the nodes that do not share it.
 
 Every question can be answered up front with --yes; --dry-run shows the changes only."""
@@ -200,16 +204,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the code directory to copy to nodes that do not share it (default: cluster.yaml's"
         " workdir; neither: no sync)",
     )
-    sub = parser.add_subparsers(dest="step", metavar="ssh|hostfile|env|pyenv|firewall|hosts")
+    sub = parser.add_subparsers(dest="step", metavar="|".join(ALONE))
     steps = []
-    steps.append(
-        ssh := sub.add_parser("ssh", help="every node trusts every node (keys, host keys)")
-    )
+    steps.append(ssh := sub.add_parser("ssh", help=BY_NAME["ssh"].help))
     _common(ssh)
     _ssh_arguments(ssh)
-    steps.append(
-        hostfile := sub.add_parser("hostfile", help="count GPUs, write a hostfile and cluster.yaml")
-    )
+    steps.append(hostfile := sub.add_parser("hostfile", help=BY_NAME["hostfile"].help))
     _common(hostfile)
     hostfile.add_argument("--out", default="hostfile", metavar="FILE", help="default: hostfile")
     hostfile.add_argument(
@@ -219,18 +219,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--out)",
     )
     hostfile.add_argument("--slots", type=int, metavar="N", help="slots of nodes without GPUs")
-    steps.append(
-        env := sub.add_parser("env", help="record each node's interface, python, CUDA_HOME, PATH")
-    )
+    steps.append(env := sub.add_parser("env", help=BY_NAME["env"].help))
     _common(env)
     env.add_argument(
         "--cluster-out", metavar="FILE", help="default: the -c file, else ./cluster.yaml"
     )
-    steps.append(
-        pyenv := sub.add_parser(
-            "pyenv", help="this machine's training packages on every node, same versions"
-        )
-    )
+    steps.append(pyenv := sub.add_parser("pyenv", help=BY_NAME["pyenv"].help))
     _common(pyenv)
     _pyenv_arguments(pyenv)
     pyenv.add_argument(
@@ -243,9 +237,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     pyenv.add_argument(
         "--cluster-out", metavar="FILE", help="default: the -c file, else ./cluster.yaml"
     )
-    steps.append(
-        firewall := sub.add_parser("firewall", help="the rule that lets the nodes reach each other")
-    )
+    steps.append(firewall := sub.add_parser("firewall", help=BY_NAME["firewall"].help))
     _common(firewall)
     what = firewall.add_mutually_exclusive_group()
     what.add_argument("--apply", action="store_true", help="add the rule (after showing it)")
@@ -256,9 +248,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="where --apply records what it added (default: CLUSTER.yaml.firewall.json next to "
         "-c, else ~/.trainfleet/firewall.json)",
     )
-    steps.append(
-        hosts := sub.add_parser("hosts", help="/etc/hosts names for the addresses c10d looks up")
-    )
+    steps.append(hosts := sub.add_parser("hosts", help=BY_NAME["hosts"].help))
     _common(hosts)
     hosts.add_argument("--revert", action="store_true", help="remove the lines it added")
     hosts.add_argument(
