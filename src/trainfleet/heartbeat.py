@@ -42,6 +42,10 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import IO, Any
 
+HANG_TIMEOUT_S = 300.0
+"""The default of `--hang-timeout` on `trainfleet launch` and `trainfleet train`: seconds
+without a step (or a phase's progress) after the first step before a run is HUNG. Only a run
+whose ranks beat is judged: a script that never calls `beat` is never stopped by it."""
 MARK = "@@trainfleet"  # the shim's; the launcher reads both
 STEPPING_PHASES = (None, "training")
 """Phases in which a rank beats at every step; before the first such beat a phase is startup

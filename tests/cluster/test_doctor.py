@@ -146,8 +146,8 @@ def test_one_global_interface_variable_for_differently_named_interfaces(make_san
     evidence = " ".join(e for f in _by_id(report)["iface-mismatch"] for e in f.evidence)
     assert "Unable to find address for: ens14f0" in evidence
     # The decoys do not fool the interface choice; NCCL's default would take virbr0.
-    assert report.nodes["gpu-node-2"]["interface"] == "ens14f1"
-    assert report.nodes["gpu-node-2"]["nccl_default"] == "virbr0"
+    assert report.nodes["gpu-node-2"].interface == "ens14f1"
+    assert report.nodes["gpu-node-2"].nccl_default == "virbr0"
 
 
 def test_decoy_interface_unset_variables(make_sandbox):

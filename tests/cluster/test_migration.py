@@ -198,8 +198,7 @@ def test_dry_run_shows_each_node_and_writes_nothing_on_the_nodes_or_here(box, tm
 @pytest.mark.parametrize(
     ("command", "instead"),
     [
-        (["llamafactory-cli", "train", "qwen_full_sft.yaml"], "-m llamafactory.launcher"),
-        (["axolotl", "train", "config.yml"], "-m axolotl.cli.train"),
+        (["axolotl", "train", "config.yml", "--sweep", "s.yml"], "-- -m axolotl.cli.train"),
         (["torchrun", "--nproc_per_node=8", "train.py", "--lr", "1e-4"], "-- train.py --lr 1e-4"),
         (["accelerate", "launch", "train.py"], "-- train.py"),
         (["deepspeed", "train.py", "--deepspeed", "ds.json"], "-- train.py --deepspeed ds.json"),

@@ -185,3 +185,30 @@ def test_launch_refuses_a_nested_launcher_before_starting_anything(capsys, tmp_p
     err = capsys.readouterr().err
     assert code == 1 and "trainfleet launch [cluster options] -- train.py --lr 1" in err
     assert not (tmp_path / "run").exists()
+
+
+def test_launch_runs_llamafactory_clis_module_on_every_rank_and_says_so(capsys, monkeypatch):
+    """`-- llamafactory-cli train x.yaml` loses nothing as `-m llamafactory.launcher x.yaml`:
+    the command every rank runs, and one line that says so (not a refusal)."""
+    from trainfleet.cli import launch_cmd
+    from trainfleet.cli.main import build_parser
+
+    monkeypatch.delenv("USE_V1", raising=False)
+    args = build_parser().parse_args(["launch", "--", "llamafactory-cli", "train", "x.yaml"])
+    assert launch_cmd._command(args) == ("-m", "llamafactory.launcher", "x.yaml")
+    err = capsys.readouterr().err
+    assert err == (
+        "trainfleet: running `-m llamafactory.launcher x.yaml` on every rank: what "
+        "`llamafactory-cli train` has torchrun start on each rank, with all your arguments\n"
+    )
+
+
+def test_launch_and_train_have_one_hang_timeout_default():
+    """launch's watchdog was off unless asked, train's at 300 s: one default now."""
+    from trainfleet.cli.main import build_parser
+    from trainfleet.heartbeat import HANG_TIMEOUT_S
+
+    parser = build_parser()
+    launch = parser.parse_args(["launch", "--", "t.py"])
+    train = parser.parse_args(["train", "--model", "m", "--data", "d", "--output", "o"])
+    assert launch.hang_timeout == train.hang_timeout == HANG_TIMEOUT_S == 300.0

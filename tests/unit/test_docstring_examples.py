@@ -64,6 +64,7 @@ MODULES = [
     "trainfleet.setup.clusteryaml",
     "trainfleet.setup.pyenv",
     "trainfleet.setup.wheels",
+    "trainfleet.setup.steps",
     "trainfleet.node.pyenv",
     "trainfleet.setup.dsops",
     "trainfleet.node.dsops",

@@ -198,7 +198,7 @@ def test_a_node_answering_with_another_version_fails_in_the_survey_with_the_fix(
     assert "nothing on b" in version.reason()
     assert "c's probe printed no fact sheet" in survey.failed["c"].reason()
     summaries = node_summaries(survey)
-    assert summaries["b"]["reachable"] is False and "probe version" in summaries["b"]["failure"]
+    assert summaries["b"].reachable is False and "probe version" in summaries["b"].failure
 
 
 GARBAGE = {
@@ -252,7 +252,7 @@ def test_values_of_the_wrong_type_are_unknown_and_no_check_raises(tmp_path, fiel
     survey = make_survey(tmp_path, sheets=sheets)
     started, finished = window()
     run_checks(survey, started=started, finished=finished)
-    assert node_summaries(survey)[N2]["reachable"] is True
+    assert node_summaries(survey)[N2].reachable is True
 
 
 def test_the_wrong_types_read_as_unknown(tmp_path):

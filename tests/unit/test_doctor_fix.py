@@ -101,7 +101,7 @@ def test_fix_pins_interfaces_and_the_mismatch_is_gone(tmp_path):
     fixed = make_survey(tmp_path, env=ONE_IFACE_FOR_ALL)  # (rewrites cluster.yaml)
     fixed.cluster = parse_cluster_yaml(edited, cluster_file)
     assert with_id(network.check_interfaces(fixed), "iface-mismatch") == []
-    assert node_summaries(fixed)[N2]["interface"] == "ens14f1"
+    assert node_summaries(fixed)[N2].interface == "ens14f1"
 
 
 def test_an_interface_name_a_node_reports_is_never_written_unless_it_is_one(tmp_path, monkeypatch):
@@ -143,7 +143,7 @@ def test_a_pinned_interface_that_is_not_the_route_to_the_master_is_a_warning(tmp
     assert [(f.nodes, f.severity) for f in findings] == [((N2,), Severity.WARNING)]
     assert "pins interface ens9" in findings[0].evidence[0] and "ens14f1" in findings[0].fix
     # The pin is what trainfleet sets there (and what the report says), not the route.
-    assert node_summaries(survey)[N2]["interface"] == "ens9"
+    assert node_summaries(survey)[N2].interface == "ens9"
 
 
 def test_what_fix_never_does_is_listed_with_the_reason(tmp_path):

@@ -44,6 +44,8 @@ IFACES = _parsed(*IFACES_JSON)
         ("^ens", ["lo", "docker0"]),
         ("eth", []),
         ("e", ["lo", "docker0", "ens14f0", "ens14f10"]),  # one character: ignored
+        ("=", ["lo", "docker0", "ens14f0", "ens14f10"]),  # even '=' or '^' alone
+        ("^", ["lo", "docker0", "ens14f0", "ens14f10"]),
         ("", ["lo", "docker0", "ens14f0", "ens14f10"]),
     ],
 )

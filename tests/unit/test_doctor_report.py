@@ -45,15 +45,15 @@ def test_healthy_recording_has_no_errors_or_warnings(tmp_path, monkeypatch):
 def test_healthy_node_summaries(tmp_path):
     nodes = node_summaries(make_survey(tmp_path))
     assert list(nodes) == list(NODES)
-    interfaces = {h: (n["interface"], n["nccl_default"]) for h, n in nodes.items()}
+    interfaces = {h: (n.interface, n.nccl_default) for h, n in nodes.items()}
     assert interfaces == {
         N1: ("ens14f0", "ens14f0"),  # the master: the interface holding the master address
         N2: ("ens14f1", "ens14f1"),
         N3: ("ens14f2", "ens14f2"),
     }
-    assert {n["subnet"] for n in nodes.values()} == {"10.213.207.0/24"}
-    assert nodes[N2]["gloo_default"] == "10.213.207.12"
-    assert nodes[N1]["versions"]["torch"] == "2.13.0+cpu" and nodes[N1]["slots"] == 1
+    assert {n.subnet for n in nodes.values()} == {"10.213.207.0/24"}
+    assert nodes[N2].gloo_default == "10.213.207.12"
+    assert nodes[N1].versions["torch"] == "2.13.0+cpu" and nodes[N1].slots == 1
 
 
 def test_gloo_default_on_a_loopback_hostname(tmp_path):
@@ -61,7 +61,7 @@ def test_gloo_default_on_a_loopback_hostname(tmp_path):
     sheets = sheets_of(survey)
     sheets[N2]["resolve"][N2] = {"addresses": ["127.0.1.1"]}
     survey = reparsed(survey, sheets)
-    assert node_summaries(survey)[N2]["gloo_default"] == "127.0.1.1 (loopback!)"
+    assert node_summaries(survey)[N2].gloo_default == "127.0.1.1 (loopback!)"
 
 
 def test_exit_code_is_one_with_an_error_and_zero_with_warnings(tmp_path):
@@ -95,7 +95,7 @@ def test_exit_code_two_when_no_probe_produced_facts(tmp_path, monkeypatch):
     report = doctor.run_doctor(survey.cluster)
     assert report.problems == [f"{h}: the probe failed: exit 1: SyntaxError: bad" for h in NODES]
     assert report.exit_code == 2 and report.to_json()["exit_code"] == 2
-    assert all(not n["reachable"] for n in report.nodes.values())
+    assert all(not n.reachable for n in report.nodes.values())
 
 
 def test_missing_python_everywhere_is_a_finding_not_a_doctor_problem(tmp_path, monkeypatch):
@@ -139,6 +139,14 @@ def test_json_shape(tmp_path):
         "failure": "auth failed (Permission denied (publickey).)",
     }
     assert data["nodes"][N1]["reachable"] is True and data["nodes"][N1]["interface"] == "ens14f0"
+    # NodeSummary.to_json keeps the keys doctor --json had when nodes were dicts, in order.
+    assert list(data["nodes"][N1]) == [
+        "reachable", "hostname", "address", "interface", "subnet", "nccl_default",
+        "gloo_default", "python", "versions", "gpus", "slots", "probe_seconds",
+    ]  # fmt: skip
+    assert list(data["nodes"][N1]["versions"]) == [
+        "python", "torch", "nccl", "deepspeed", "transformers", "accelerate"
+    ]  # fmt: skip
     assert data["exit_code"] == 1 and data["problems"] == []
     for finding in data["findings"]:
         assert set(finding) == {"id", "severity", "nodes", "evidence", "fix"}

@@ -288,3 +288,17 @@ def test_absurd_slot_count_is_a_spec_error(tmp_path):
 def test_overlong_slot_number_is_a_spec_error():
     with pytest.raises(SpecError):
         parse_hostfile("worker-0 slots=" + "9" * 5000)
+
+
+def test_the_one_hostfile_writer_writes_what_the_reader_reads_or_refuses():
+    """setup hostfile, the deepspeed backend and the sandbox write hostfile lines through
+    cluster.hostfile.hostfile_text: the text reads back as the slots given, or is refused."""
+    from trainfleet.cluster.hostfile import hostfile_text
+
+    text = hostfile_text({"gpu-node-1": 8, "10.0.0.12": 2}, header="# a comment\n")
+    assert text == "# a comment\ngpu-node-1 slots=8\n10.0.0.12 slots=2\n"
+    assert parse_hostfile(text) == {"gpu-node-1": (8, 2), "10.0.0.12": (2, 3)}
+    with pytest.raises(SpecError):
+        hostfile_text({"gpu-node-1;reboot": 8})
+    with pytest.raises(SpecError):
+        hostfile_text({"gpu-node-1": 0})

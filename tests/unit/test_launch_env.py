@@ -13,7 +13,7 @@ from trainfleet.cluster import load_cluster, parse_cluster_yaml
 from trainfleet.errors import SpecError, TrainfleetError
 from trainfleet.launch.backends.deepspeed import plan_deepspeed, render_deepspeed
 from trainfleet.launch.backends.ssh import plan_launch, render_plan
-from trainfleet.launch.environment import ifname_matches, parse_deepspeed_env
+from trainfleet.launch.environment import interface_notes, parse_deepspeed_env
 from trainfleet.launch.options import LaunchFacts, LaunchOptions
 
 pytestmark = pytest.mark.unit
@@ -185,10 +185,20 @@ def test_a_malformed_deepspeed_env_line_names_the_file_and_line(dirs):
         ("^ens", "ens14f1", False),
         ("eth0,ens14f1", "ens14f1", True),
         ("eth0", "ens14f1", False),
+        # One character: NCCL ignores the value (strlen > 1), so it selects nothing away.
+        ("=", "ens14f1", True),
+        ("^", "ens14f1", True),
+        ("x", "ens14f1", True),
     ],
 )
-def test_nccl_socket_ifname_syntax(spec, interface, fits):
-    assert ifname_matches(spec, interface) is fits
+def test_launch_notes_follow_nccls_socket_ifname_rule(spec, interface, fits):
+    """launch's iface-mismatch note reads NCCL_SOCKET_IFNAME with doctor's rule (netsel)."""
+    notes = interface_notes("gpu-node-2", interface, {"NCCL_SOCKET_IFNAME": (spec, "launch shell")})
+    expected = f"iface-mismatch: NCCL_SOCKET_IFNAME={spec} (launch shell) does not select"
+    if fits:
+        assert notes == []
+    else:
+        assert len(notes) == 1 and notes[0].startswith(expected)
 
 
 def test_a_global_interface_variable_that_breaks_a_node_is_reported_not_sent(dirs):

@@ -515,3 +515,54 @@ def test_the_shims_heartbeat_is_the_line_trainfleet_heartbeat_writes(monkeypatch
     mark, run_id, kind, rank, payload = from_shim.rstrip("\n").split(":", 4)
     assert (mark, run_id, kind, rank) == ("@@trainfleet", "r5", "beat", "3")
     assert heartbeat.parse(payload)["step"] == 7
+
+
+def test_an_unchanged_trainer_beats_its_evaluations_and_saves(monkeypatch, tmp_path):
+    """A Hugging Face Trainer run by `trainfleet launch` beats each evaluation batch and the
+    bytes its checkpoint save has written, then `training` again, as `trainfleet train` does:
+    an evaluation or a save longer than --hang-timeout (300 s by default) is no hang while it
+    advances."""
+    import threading
+    import types
+
+    beats_sent, written_seen = [], threading.Event()
+
+    def beat(step, **fields):
+        beats_sent.append((step, fields.get("phase"), fields.get("phase_progress")))
+        if fields.get("phase_progress") == 1000:
+            written_seen.set()
+
+    class Callback:
+        pass
+
+    class Trainer:
+        def __init__(self):
+            self.callbacks = []
+            self.state = types.SimpleNamespace(global_step=4, max_steps=10)
+            self.args = types.SimpleNamespace(output_dir=str(tmp_path))
+
+        def add_callback(self, callback):
+            self.callbacks.append(callback)
+
+        def _save_checkpoint(self, model, trial):
+            folder = tmp_path / "checkpoint-4"
+            folder.mkdir()
+            (folder / "model.safetensors").write_bytes(b"w" * 1000)
+            assert written_seen.wait(30), beats_sent  # a save that takes this long
+            return "saved"
+
+    callbacks = types.SimpleNamespace(TrainerCallback=Callback)
+    monkeypatch.setitem(sys.modules, "transformers.trainer_callback", callbacks)
+    monkeypatch.setattr(shim, "SAVE_BEAT_EVERY_S", 0.01)
+    monkeypatch.setattr(shim, "beat", beat)
+    shim.wrap_trainer(types.SimpleNamespace(Trainer=Trainer))
+    trainer = Trainer()
+    [beats] = trainer.callbacks
+    for _ in range(2):
+        beats.on_prediction_step(trainer.args, trainer.state, None)
+    beats.on_evaluate(trainer.args, trainer.state, None)
+    assert trainer._save_checkpoint(None, None) == "saved"
+    assert beats_sent[:4] == [
+        (4, "evaluating", 1), (4, "evaluating", 2), (4, "training", None), (4, "saving", 0)
+    ]  # fmt: skip
+    assert (4, "saving", 1000) in beats_sent and beats_sent[-1] == (4, "training", None)

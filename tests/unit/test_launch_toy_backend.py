@@ -24,7 +24,7 @@ import pytest
 from trainfleet import node as node_programs
 from trainfleet.cli.main import main
 from trainfleet.cluster import Cluster
-from trainfleet.doctor import DoctorReport
+from trainfleet.doctor import DoctorReport, NodeSummary
 from trainfleet.launch import backends
 from trainfleet.launch.backend import Channel, StopBy, head_line
 from trainfleet.launch.options import LaunchFacts, LaunchOptions
@@ -93,7 +93,8 @@ class ToyBackend:
 
     def preflight(self, cluster: Cluster, *, read_only: bool) -> DoctorReport:
         self.calls.append(f"preflight read_only={read_only}")
-        return DoctorReport(findings=[], nodes={n.host: {"reachable": True} for n in cluster.nodes})
+        summary = NodeSummary(reachable=True, address=None)
+        return DoctorReport(findings=[], nodes={n.host: summary for n in cluster.nodes})
 
     def plan(
         self,

@@ -168,3 +168,23 @@ def test_the_password_never_reaches_a_shared_master_or_a_jump_host():
                   ssh=SshOptions(options=("-o", "ProxyJump=bastion")))  # fmt: skip
     # what setup_ssh checks before it asks for the password (trust._log_in)
     assert hostkeys.target_of(jumped).proxied and not hostkeys.target_of(node).proxied
+
+
+def test_setup_help_and_the_catalog_follow_the_one_step_table():
+    """The step order is setup/steps.py's STEPS: `trainfleet setup --help` lists the steps in
+    it (its list had pyenv after hosts, while every step ran it fourth), the subcommands come
+    from it, and every `fixed_by` command of the catalog is a step in it (the catalog's own copy
+    lacked `setup hosts`)."""
+    from trainfleet.catalog import CATALOG
+    from trainfleet.setup.every import STEPS as EVERY_RUNS
+    from trainfleet.setup.steps import ORDER, STEPS
+
+    assert EVERY_RUNS == ORDER
+    listed = [line.split()[0].strip("()") for line in setup_cmd.DESCRIPTION.splitlines()
+              if line.startswith("  ") and not line.startswith("   ")]  # fmt: skip
+    assert listed == list(ORDER)
+    assert setup_cmd.ALONE == ORDER[:-1] and ORDER[-1] == "sync"
+    commands = {step.command for step in STEPS}
+    for entry in CATALOG.values():
+        if entry.fixed_by:
+            assert entry.fixed_by.split(" --")[0] in commands, entry.fixed_by

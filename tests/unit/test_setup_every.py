@@ -149,8 +149,41 @@ def test_options_given_before_a_step_are_kept():
 
     args = build_parser().parse_args(["setup", "-c", "x.yaml", "--yes", "ssh"])
     assert (args.step, args.cluster_file, args.yes) == ("ssh", "x.yaml", True)
-    args = build_parser().parse_args(["setup", "hostfile"])
-    assert args.out == "hostfile"  # the step's own default where the two differ
+    args = build_parser().parse_args(["setup", "--out", "h", "hostfile"])
+    assert args.out == "h"
+
+
+def test_setup_hostfile_alone_and_in_every_step_write_the_same_hostfile():
+    """`setup hostfile` wrote ./hostfile where `trainfleet setup` wrote it next to -c: both
+    take their options through setup/steps.py now (cli/setup_cmd.step_options), one rule."""
+    from trainfleet.cli import setup_cmd
+    from trainfleet.cli.main import build_parser
+    from trainfleet.setup.steps import hostfile_out
+
+    for argv in (["setup", "hostfile", "-c", "conf/c.yaml"], ["setup", "-c", "conf/c.yaml"]):
+        options = setup_cmd.step_options(build_parser().parse_args(argv))
+        assert hostfile_out(options, "conf/c.yaml") == "conf/hostfile", argv
+        assert hostfile_out(options, None) == "hostfile"
+    given = setup_cmd.step_options(build_parser().parse_args(["setup", "hostfile", "--out", "h"]))
+    assert hostfile_out(given, "conf/c.yaml") == "h"
+
+
+def test_each_step_alone_gets_its_own_flags_and_every_step_the_setup_defaults():
+    from trainfleet.cli import setup_cmd
+    from trainfleet.cli.main import build_parser
+
+    def options(*argv):
+        return setup_cmd.step_options(build_parser().parse_args(["setup", *argv]))
+
+    assert options().firewall_mode == "apply" and not options().revert
+    assert options("firewall").firewall_mode == "print"
+    assert options("firewall", "--revert").firewall_mode == "revert"
+    assert options("firewall", "--revert").revert is False  # hosts' flag, not firewall's
+    assert options("hosts", "--revert").revert is True
+    assert options("hosts", "--state", "s.json").state_file == "s.json"
+    assert options("pyenv", "--package", "x").packages == ["x"]
+    assert options("env", "--cluster-out", "o.yaml").cluster_out == "o.yaml"
+    assert options("--code", "src").code_dir == "src"
 
 
 def test_without_yes_every_change_is_listed_first_and_asked_once(doctor_runs):
@@ -188,3 +221,28 @@ def test_a_no_to_the_one_question_changes_nothing(doctor_runs):
                                   confirm=lambda q, changed_keys=False: False)  # fmt: skip
     assert run.dry_run and not run.changed and run.exit_code == 1 and doctor_runs == []
     assert run.to_json()["stopped"]["error"] == "not confirmed; nothing was changed"
+
+
+@pytest.mark.parametrize(
+    ("step", "module", "function", "expected"),
+    [
+        ("hostfile", "hostfile", "setup_hostfile",
+         {"hostfile_out": "conf/hostfile", "cluster_in": "conf/c.yaml", "cpu_slots": 2}),
+        ("env", "env", "setup_env", {"cluster_in": "conf/c.yaml", "cluster_out": None}),
+        ("firewall", "fwapply", "setup_firewall", {"mode": "apply", "state_file": None}),
+        ("hosts", "etchosts", "setup_hosts", {"revert": False, "cluster_in": "conf/c.yaml"}),
+    ],
+)  # fmt: skip
+def test_the_step_table_runs_each_step_with_the_options_given(
+    monkeypatch, step, module, function, expected
+):
+    import importlib
+
+    from trainfleet.setup.steps import StepOptions, step_runner
+
+    seen = {}
+    target = importlib.import_module(f"trainfleet.setup.{module}")
+    monkeypatch.setattr(target, function, lambda cluster, **kwargs: seen.update(kwargs))
+    run_step = step_runner(StepOptions(cpu_slots=2))
+    run_step(step, load_cluster(hosts="a:1"), "conf/c.yaml", dry_run=True, confirm=None)
+    assert {key: seen[key] for key in expected} == expected and seen["dry_run"] is True

@@ -42,10 +42,6 @@ CATALOG: dict[FindingId, Entry] = {**connectivity.ENTRIES, **node.ENTRIES}
 """Every id's entry, in the order of docs/findings.md."""
 
 
-SETUP_ORDER = ("setup ssh", "setup hostfile", "setup env", "setup pyenv", "setup firewall", "sync")
-"""The order `trainfleet setup` runs its steps in (each builds on the ones before)."""
-
-
 def commands_that_fix(findings: Iterable[Finding], cluster_flags: Sequence[str]) -> list[str]:
     """One line per trainfleet command that fixes some of `findings` (`Entry.fixed_by`), in
     the order `setup`'s steps run, each with the ids and nodes it fixes; `cluster_flags` are
@@ -58,6 +54,9 @@ def commands_that_fix(findings: Iterable[Finding], cluster_flags: Sequence[str])
         trainfleet setup firewall --apply -c cluster.yaml   (firewall-blocks-ports on gpu-node-1)
     """
     from trainfleet.nodeset import fold_names
+    from trainfleet.setup.steps import STEPS  # the order `setup` runs them in
+
+    order = [step.command for step in STEPS]
 
     fixes: dict[str, list[str]] = {}
     for finding in findings:
@@ -67,7 +66,7 @@ def commands_that_fix(findings: Iterable[Finding], cluster_flags: Sequence[str])
     flags = shlex.join(cluster_flags)
     return [
         f"trainfleet {command} {flags}".rstrip() + f"   ({', '.join(fixes[command])})"
-        for command in sorted(fixes, key=lambda c: SETUP_ORDER.index(c.split(" --")[0]))
+        for command in sorted(fixes, key=lambda c: order.index(c.split(" --")[0]))
     ]
 
 

@@ -233,8 +233,9 @@ ENTRIES: dict[FindingId, Entry] = {
         title="the command starts a launcher of its own inside each rank",
         seen="`torchrun`, `deepspeed`, `accelerate launch` or FORCE_TORCHRUN=1 starts a second "
         "layer of ranks per rank",
-        detect="the launcher word in the command (torchrun, deepspeed, accelerate launch, "
-        "llamafactory-cli train, axolotl train, trl sft) is refused before anything starts",
+        detect="the launcher word in the command (torchrun, deepspeed, accelerate launch) is "
+        "refused before anything starts; llamafactory-cli train, axolotl train and trl sft run "
+        "the module their launcher starts, refused only when given that launcher's options",
         fix="the script and its arguments after `--`: the refusal names the command to use",
         sandbox=Sandbox(setup="a launcher word in the command", tests=("test_migration.py",)),
     ),

@@ -33,6 +33,22 @@ cluster.yaml example:
 """
 
 
+def add_hang_timeout_argument(parser: argparse.ArgumentParser) -> None:
+    """`--hang-timeout`, the same on launch and train (`heartbeat.HANG_TIMEOUT_S`)."""
+    from trainfleet.heartbeat import HANG_TIMEOUT_S
+
+    parser.add_argument(
+        "--hang-timeout",
+        type=float,
+        default=HANG_TIMEOUT_S,
+        metavar="S",
+        help="once a step was made, stop when no rank advanced a step (or a phase: saving, "
+        "exporting) for S seconds, after dumping every rank's stack into RUN_DIR/stacks "
+        "(py-spy); judged only where the ranks beat (trainfleet.heartbeat.beat; `trainfleet "
+        f"train` does) (default {HANG_TIMEOUT_S:g}; 0: off)",
+    )
+
+
 def add_startup_timeout_argument(parser: argparse.ArgumentParser) -> None:
     """`--startup-timeout`, the same on launch and train (`launch/progress.py`: startup)."""
     parser.add_argument(

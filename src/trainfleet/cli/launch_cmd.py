@@ -15,6 +15,7 @@ from pathlib import Path
 from trainfleet.cli.common import (
     CLUSTER_YAML_EXAMPLE,
     add_cluster_arguments,
+    add_hang_timeout_argument,
     add_startup_timeout_argument,
     cluster_from_args,
     command_after_dashes,
@@ -42,22 +43,23 @@ and file.
 What runs: a .py file or -m MODULE with the node's python; a console script of that python
 (pip's wrappers) the same way; anything else (a shell script, a binary) as an executable with
 torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR...), as --no-python forces.
-A command that starts its own launcher (torchrun, deepspeed, accelerate launch,
-llamafactory-cli train, axolotl train) is refused with the command to use instead.
+A command that starts its own launcher (torchrun, deepspeed, accelerate launch) is refused with
+the command to use instead; llamafactory-cli train, axolotl train and trl sft run the module
+their launcher starts.
 
 Every line comes back as `[node:rank] ...` and is kept in RUN_DIR/logs. When a rank fails or
 a node's connection drops, every rank on every node is stopped within seconds, the first
 real error across all nodes is printed with its node and rank, and trainfleet exits with
 that rank's exit code. When not every rank has joined the rendezvous within --join-timeout,
 the run is stopped and doctor's checks say why. Ctrl-C stops everything the same way.
-With --hang-timeout, a run whose ranks send heartbeats (trainfleet.heartbeat.beat) and stop
-advancing is stopped after every rank's stack is dumped and the collective it is stuck in is
-read from every rank's Flight Recorder (which ranks entered it, which never did); beats with a
-phase before the first step (loading, tokenizing), and the time after every rank's last step
-(a final save, an export), are judged by --startup-timeout instead.
-With --max-restarts N, a run that
-failed, hung or stalled is started again after the quick preflight, TRAINFLEET_RESTART=1, 2...
-telling the script. `trainfleet status` shows the run's progress from another terminal."""
+With --hang-timeout (default 300 s; 0: off), a run whose ranks send heartbeats
+(trainfleet.heartbeat.beat) and stop advancing is stopped after every rank's stack is dumped
+and the collective it is stuck in is read from every rank's Flight Recorder (which ranks
+entered it, which never did); beats with a phase before the first step (loading,
+tokenizing), and the time after every rank's last step (a final save, an export), are judged
+by --startup-timeout instead. With --max-restarts N, a run that failed, hung or stalled is
+started again after the quick preflight, TRAINFLEET_RESTART=1, 2... telling the script.
+`trainfleet status` shows the run's progress from another terminal."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -98,14 +100,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="stop and diagnose when not every rank joined the rendezvous by then (default 60)",
     )
-    parser.add_argument(
-        "--hang-timeout",
-        type=float,
-        metavar="S",
-        help="stop the run when no rank advanced a step for S seconds (heartbeats from "
-        "trainfleet.heartbeat.beat; `trainfleet train` sends them), after dumping every "
-        "rank's stack into RUN_DIR/stacks (py-spy); default: off",
-    )
+    add_hang_timeout_argument(parser)
     add_startup_timeout_argument(parser)
     parser.add_argument(
         "--max-restarts",
@@ -147,15 +142,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "command",
         nargs=argparse.REMAINDER,
         metavar="-- SCRIPT.py [ARGS]",
-        help="what to run: a .py file, -m MODULE, a console script (llamafactory-cli is "
-        "refused with its module), a shell script or any executable on the nodes",
+        help="what to run: a .py file, -m MODULE, a console script (llamafactory-cli train, "
+        "axolotl train, trl sft run their module), a shell script or any executable on the nodes",
     )
     parser.epilog = CLUSTER_YAML_EXAMPLE
 
 
 def _command(args: argparse.Namespace) -> tuple[str, ...]:
-    """What every rank runs; a launcher inside it (torchrun, deepspeed, accelerate launch,
-    llamafactory-cli train, axolotl train) is refused with the command to use instead."""
+    """What every rank runs; a launcher inside it (torchrun, deepspeed, accelerate launch) is
+    refused with the command to use instead (launch/entry.py)."""
     from trainfleet.launch.entry import entry_command
 
     rest = command_after_dashes(args.command)
@@ -241,7 +236,7 @@ def run(args: argparse.Namespace) -> int:
         no_python=args.no_python,
         run_id=new_run_id(),
         join_timeout=args.join_timeout,
-        hang_timeout=args.hang_timeout,
+        hang_timeout=args.hang_timeout or None,
         startup_timeout=args.startup_timeout or None,
     )
     cluster = cluster_from_args(args)

@@ -15,10 +15,13 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
-from pathlib import Path
 
 from trainfleet.cli.common import CLUSTER_YAML_EXAMPLE, add_cluster_arguments, cluster_from_args
 from trainfleet.errors import SetupError
+from trainfleet.setup.steps import BY_NAME, ORDER, StepOptions, step_runner
+
+ALONE = tuple(name for name in ORDER if name != "sync")
+"""The steps `trainfleet setup STEP` runs, in setup's order (sync is `trainfleet sync`)."""
 
 HELP = (
     "ssh trust, host keys, hostfile, per-node env, the training environment, firewall rule, "
@@ -40,6 +43,14 @@ their fingerprints; --yes: none; --dry-run: only the list):
             cluster.yaml written.
   env       each node's interface towards the master, python, CUDA_HOME and what its
             non-interactive PATH lacks, recorded per node in cluster.yaml.
+  pyenv     this machine's training environment on every node (torch, deepspeed,
+            transformers, ... and -r FILE's packages, what they require, at this machine's
+            versions) in --venv PATH (default: this machine's venv path), from wheels
+            gathered here and copied over ssh: the nodes need no internet. Nodes that match
+            are left alone; a node that cannot take a wheel (its Python, glibc, driver) is
+            named and nothing is installed anywhere. cluster.yaml's `python:` points there.
+            DeepSpeed's JIT ops (--ds-ops) are built on one node and copied to the others,
+            so the first launch compiles nothing.
   firewall  the minimal rule that lets the cluster's nodes reach each other over TCP on the
             data interface, for the active firewall (iptables, nftables, ufw, firewalld);
             printed, or with --apply added (and recorded); --revert removes exactly that.
@@ -49,14 +60,6 @@ their fingerprints; --yes: none; --dry-run: only the list):
             that joins a launch waits out one lookup), a line per address in /etc/hosts
             under a name of its own, e.g. `::ffff:10.0.0.12 gpu-node-2-ipv4-mapped`;
             shown, added, recorded; --revert removes exactly those lines.
-  pyenv     this machine's training environment on every node (torch, deepspeed,
-            transformers, ... and -r FILE's packages, what they require, at this machine's
-            versions) in --venv PATH (default: this machine's venv path), from wheels
-            gathered here and copied over ssh: the nodes need no internet. Nodes that match
-            are left alone; a node that cannot take a wheel (its Python, glibc, driver) is
-            named and nothing is installed anywhere. cluster.yaml's `python:` points there.
-            DeepSpeed's JIT ops (--ds-ops) are built on one node and copied to the others,
-            so the first launch compiles nothing.
   (sync)    `trainfleet sync DIR`: the code directory to the nodes that do not share it.
 
 Every question can be answered up front with --yes; --dry-run shows the changes only."""
@@ -200,18 +203,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the code directory to copy to nodes that do not share it (default: cluster.yaml's"
         " workdir; neither: no sync)",
     )
-    sub = parser.add_subparsers(dest="step", metavar="ssh|hostfile|env|pyenv|firewall|hosts")
+    sub = parser.add_subparsers(dest="step", metavar="|".join(ALONE))
     steps = []
-    steps.append(
-        ssh := sub.add_parser("ssh", help="every node trusts every node (keys, host keys)")
-    )
+    steps.append(ssh := sub.add_parser("ssh", help=BY_NAME["ssh"].help))
     _common(ssh)
     _ssh_arguments(ssh)
-    steps.append(
-        hostfile := sub.add_parser("hostfile", help="count GPUs, write a hostfile and cluster.yaml")
-    )
+    steps.append(hostfile := sub.add_parser("hostfile", help=BY_NAME["hostfile"].help))
     _common(hostfile)
-    hostfile.add_argument("--out", default="hostfile", metavar="FILE", help="default: hostfile")
+    hostfile.add_argument(
+        "--out", metavar="FILE", help="the hostfile to write (default: next to -c, else ./hostfile)"
+    )
     hostfile.add_argument(
         "--cluster-out",
         metavar="FILE",
@@ -219,18 +220,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--out)",
     )
     hostfile.add_argument("--slots", type=int, metavar="N", help="slots of nodes without GPUs")
-    steps.append(
-        env := sub.add_parser("env", help="record each node's interface, python, CUDA_HOME, PATH")
-    )
+    steps.append(env := sub.add_parser("env", help=BY_NAME["env"].help))
     _common(env)
     env.add_argument(
         "--cluster-out", metavar="FILE", help="default: the -c file, else ./cluster.yaml"
     )
-    steps.append(
-        pyenv := sub.add_parser(
-            "pyenv", help="this machine's training packages on every node, same versions"
-        )
-    )
+    steps.append(pyenv := sub.add_parser("pyenv", help=BY_NAME["pyenv"].help))
     _common(pyenv)
     _pyenv_arguments(pyenv)
     pyenv.add_argument(
@@ -243,9 +238,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     pyenv.add_argument(
         "--cluster-out", metavar="FILE", help="default: the -c file, else ./cluster.yaml"
     )
-    steps.append(
-        firewall := sub.add_parser("firewall", help="the rule that lets the nodes reach each other")
-    )
+    steps.append(firewall := sub.add_parser("firewall", help=BY_NAME["firewall"].help))
     _common(firewall)
     what = firewall.add_mutually_exclusive_group()
     what.add_argument("--apply", action="store_true", help="add the rule (after showing it)")
@@ -256,9 +249,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="where --apply records what it added (default: CLUSTER.yaml.firewall.json next to "
         "-c, else ~/.trainfleet/firewall.json)",
     )
-    steps.append(
-        hosts := sub.add_parser("hosts", help="/etc/hosts names for the addresses c10d looks up")
-    )
+    steps.append(hosts := sub.add_parser("hosts", help=BY_NAME["hosts"].help))
     _common(hosts)
     hosts.add_argument("--revert", action="store_true", help="remove the lines it added")
     hosts.add_argument(
@@ -284,94 +275,33 @@ def _keep_given_before_the_step(parser: argparse.ArgumentParser, step) -> None:
 # ----------------------------------------------------------------------------- run
 
 
-def _ssh(args: argparse.Namespace, out):
-    from trainfleet.setup.trust import setup_ssh
-
-    return setup_ssh(
-        cluster_from_args(args),
-        confirm=make_confirm(args.yes, out, replace_changed=args.replace_changed_host_keys),
-        password=make_password(args.password_stdin),
-        trusted_file=args.known_hosts,
-        dry_run=args.dry_run,
-    )
-
-
-def _hostfile(args: argparse.Namespace, out):
-    from trainfleet.setup.hostfile import setup_hostfile
-
-    return setup_hostfile(
-        cluster_from_args(args),
-        hostfile_out=args.out,
-        cluster_in=args.cluster_file,
-        cluster_out=args.cluster_out,
-        cpu_slots=args.slots,
-        dry_run=args.dry_run,
-    )
-
-
-def _env(args: argparse.Namespace, out):
-    from trainfleet.setup.env import setup_env
-
-    return setup_env(
-        cluster_from_args(args),
-        cluster_in=args.cluster_file,
-        cluster_out=args.cluster_out,
-        dry_run=args.dry_run,
-    )
-
-
-def _pyenv(args: argparse.Namespace, out):
-    from trainfleet.setup.pyenv import setup_pyenv
-
-    return setup_pyenv(
-        cluster_from_args(args),
-        target=args.venv,
-        packages=args.package,
-        requirements=args.requirements,
-        wheel_dirs=args.wheels,
-        confirm=make_confirm(args.yes, out),
-        cluster_in=args.cluster_file,
-        cluster_out=args.cluster_out,
-        dry_run=args.dry_run,
-        ds_ops=args.ds_ops,
-    )
-
-
-def _firewall(args: argparse.Namespace, out):
-    from trainfleet.setup.fwapply import setup_firewall
-
-    return setup_firewall(
-        cluster_from_args(args),
-        mode="apply" if args.apply else "revert" if args.revert else "print",
-        state_file=args.state,
-        cluster_in=args.cluster_file,
-        confirm=make_confirm(args.yes, out),
-        dry_run=args.dry_run,
-    )
-
-
-def _hosts(args: argparse.Namespace, out):
-    from trainfleet.setup.etchosts import setup_hosts
-
-    return setup_hosts(
-        cluster_from_args(args),
-        revert=args.revert,
-        state_file=args.state,
-        cluster_in=args.cluster_file,
-        confirm=make_confirm(args.yes, out),
-        dry_run=args.dry_run,
+def step_options(args: argparse.Namespace) -> StepOptions:
+    """The steps' options from the flags given; a flag the step's parser lacks keeps the
+    default `trainfleet setup` runs that step with (the firewall rule applied, no --revert)."""
+    given = vars(args)
+    mode = "apply"  # `trainfleet setup`: the rule is added, its one question covers it
+    if args.step == "firewall":
+        mode = "apply" if args.apply else "revert" if args.revert else "print"
+    return StepOptions(
+        known_hosts=given.get("known_hosts"),
+        password=make_password(given.get("password_stdin", False)),
+        hostfile_out=given.get("out"),
+        cluster_out=given.get("cluster_out"),
+        cpu_slots=given.get("slots"),
+        venv=given.get("venv"),
+        requirements=given.get("requirements"),
+        wheel_dirs=given.get("wheels") or (),
+        packages=given.get("package") or (),
+        ds_ops=given.get("ds_ops"),
+        firewall_mode=mode,
+        revert=args.step == "hosts" and args.revert,
+        state_file=given.get("state"),
+        code_dir=given.get("code"),
     )
 
 
 def _every(args: argparse.Namespace, out) -> int:
     from trainfleet.setup import every
-    from trainfleet.setup.env import setup_env
-    from trainfleet.setup.etchosts import setup_hosts
-    from trainfleet.setup.fwapply import setup_firewall
-    from trainfleet.setup.hostfile import setup_hostfile
-    from trainfleet.setup.pyenv import setup_pyenv
-    from trainfleet.setup.sync import sync_code
-    from trainfleet.setup.trust import setup_ssh
 
     if not (args.cluster_file or args.hostfile or args.hosts):
         raise SetupError(
@@ -393,38 +323,16 @@ def _every(args: argparse.Namespace, out) -> int:
             )  # fmt: skip
         )
 
-    asked = make_password(args.password_stdin)
-    known: dict[str, str] = {}
+    options = step_options(args)
+    asked, known = options.password, {}
 
     def password(nodes: list[str]) -> str:  # asked once (a dry run first may need it too)
         if "password" not in known:
             known["password"] = asked(nodes)
         return known["password"]
 
-    def run_step(step: str, cluster, cluster_file: str | None, *, dry_run: bool, confirm):
-        if step == "ssh":
-            return setup_ssh(cluster, confirm=confirm, password=password,
-                             trusted_file=args.known_hosts, dry_run=dry_run)  # fmt: skip
-        if step == "hostfile":
-            beside = Path(cluster_file).parent / "hostfile" if cluster_file else Path("hostfile")
-            return setup_hostfile(cluster, hostfile_out=args.out or str(beside),
-                                  cluster_in=cluster_file, cpu_slots=args.slots,
-                                  dry_run=dry_run)  # fmt: skip
-        if step == "env":
-            return setup_env(cluster, cluster_in=cluster_file, dry_run=dry_run)
-        if step == "pyenv":
-            return setup_pyenv(cluster, target=args.venv, requirements=args.requirements,
-                               wheel_dirs=args.wheels, confirm=confirm, cluster_in=cluster_file,
-                               dry_run=dry_run, ds_ops=args.ds_ops)  # fmt: skip
-        if step == "firewall":
-            return setup_firewall(cluster, mode="apply", cluster_in=cluster_file,
-                                  confirm=confirm, dry_run=dry_run)  # fmt: skip
-        if step == "hosts":
-            return setup_hosts(cluster, cluster_in=cluster_file, confirm=confirm,
-                               dry_run=dry_run)  # fmt: skip
-        return sync_code(cluster, args.code or cluster.workdir, confirm=confirm,
-                         dry_run=dry_run)  # fmt: skip
-
+    options.password = password
+    run_step = step_runner(options)
     how = {"load": load, "cluster_file": given, "run_step": run_step, "code_dir": args.code,
            "venv": args.venv}  # fmt: skip
     if args.yes or args.dry_run:
@@ -441,8 +349,13 @@ def run(args: argparse.Namespace) -> int:
     out = sys.stderr if args.json else sys.stdout
     if args.step is None:
         return _every(args, out)
-    steps = {"ssh": _ssh, "hostfile": _hostfile, "env": _env, "pyenv": _pyenv,
-             "firewall": _firewall, "hosts": _hosts}  # fmt: skip
-    result = steps[args.step](args, out)
+    replace_changed = vars(args).get("replace_changed_host_keys", False)
+    result = BY_NAME[args.step].run(
+        cluster_from_args(args),
+        step_options(args),
+        cluster_file=args.cluster_file,
+        dry_run=args.dry_run,
+        confirm=make_confirm(args.yes, out, replace_changed=replace_changed),
+    )
     print(json.dumps(result.to_json(), indent=2) if args.json else render(result))
     return result.exit_code

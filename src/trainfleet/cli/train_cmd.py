@@ -14,6 +14,7 @@ from pathlib import Path
 from trainfleet.cli.common import (
     CLUSTER_YAML_EXAMPLE,
     add_cluster_arguments,
+    add_hang_timeout_argument,
     add_startup_timeout_argument,
     cluster_from_args,
     preflight_lines,
@@ -110,14 +111,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="after a crash, a hang or a stall: quick preflight, relaunch, resume from the latest"
         " complete checkpoint, up to N times (each logged in OUTPUT/restarts.jsonl)",
     )
-    parser.add_argument(
-        "--hang-timeout",
-        type=float,
-        default=300.0,
-        metavar="S",
-        help="stop when no rank advanced a step (or a phase: saving, exporting) for S"
-        " seconds, after dumping every rank's stack into RUN_DIR/stacks (default 300; 0: off)",
-    )
+    add_hang_timeout_argument(parser)
     add_startup_timeout_argument(parser)
     parser.add_argument(
         "--json",

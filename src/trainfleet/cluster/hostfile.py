@@ -4,11 +4,18 @@ silently drop (`node-1 slots=8;reboot` is 8 slots to DeepSpeed, an error here).
 
     >>> parse_hostfile("gpu-node-1 slots=8\n# spare\ngpu-node-2 slots=8\n")
     {'gpu-node-1': (8, 1), 'gpu-node-2': (8, 3)}
+    >>> print(hostfile_text({"gpu-node-1": 8, "gpu-node-2": 4}), end="")
+    gpu-node-1 slots=8
+    gpu-node-2 slots=4
+
+`hostfile_text` is the one writer of hostfile lines (setup hostfile, the deepspeed backend's
+hostfile, the sandbox's).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import replace
 
 from trainfleet.cluster.model import Node
@@ -78,6 +85,15 @@ def parse_hostfile(text: str, source: str = "hostfile") -> dict[str, tuple[int, 
     if not pool:
         raise SpecError(source, None, "no hosts in hostfile", "add lines like `node-1 slots=8`")
     return pool
+
+
+def hostfile_text(slots: Mapping[str, int], header: str = "") -> str:
+    """A hostfile with one `HOST slots=N` line per entry of `slots`, after `header` (comment
+    lines), read back with parse_hostfile first: exactly what launch and DeepSpeed's runner
+    will read, or a SpecError."""
+    text = header + "".join(f"{host} slots={n}\n" for host, n in slots.items())
+    parse_hostfile(text)
+    return text
 
 
 def _parse_node_specs(spec: str, flag: str) -> dict[str, list[int]]:

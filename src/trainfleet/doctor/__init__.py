@@ -28,10 +28,58 @@ from trainfleet.doctor.findings import Finding, Severity, merge
 from trainfleet.remote import Failure
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class NodeSummary:
+    """One node in the report: what doctor found there and what trainfleet will set. A node
+    doctor could not examine has `reachable=False`, its `address` and its `failure` only."""
+
+    reachable: bool
+    address: str | None
+    """The address ssh connects to (`ssh -G`)."""
+    failure: str | None = None
+    """Why the node could not be examined (unreachable nodes only)."""
+    hostname: str | None = None
+    """What the node calls itself."""
+    interface: str | None = None
+    """The interface trainfleet sets: pinned in cluster.yaml, else the route to the master."""
+    subnet: str | None = None
+    nccl_default: str | None = None
+    """The interface NCCL picks when NCCL_SOCKET_IFNAME is unset."""
+    gloo_default: str | None = None
+    """What gloo binds when GLOO_SOCKET_IFNAME is unset (the hostname's address)."""
+    python: str | None = None
+    """The interpreter the probe ran with."""
+    versions: dict[str, str | None] = field(default_factory=dict)
+    """python, torch, nccl, deepspeed, transformers, accelerate (None: not found)."""
+    gpus: int = 0
+    slots: int = 0
+    """Slots in the cluster spec."""
+    probe_seconds: float | None = None
+
+    def to_json(self) -> dict:
+        """`doctor --json`'s `nodes` entry: an unreachable node's three keys, else the rest."""
+        if not self.reachable:
+            return {"reachable": False, "address": self.address, "failure": self.failure}
+        return {
+            "reachable": True,
+            "hostname": self.hostname,
+            "address": self.address,
+            "interface": self.interface,
+            "subnet": self.subnet,
+            "nccl_default": self.nccl_default,
+            "gloo_default": self.gloo_default,
+            "python": self.python,
+            "versions": self.versions,
+            "gpus": self.gpus,
+            "slots": self.slots,
+            "probe_seconds": self.probe_seconds,
+        }
+
+
 @dataclass(kw_only=True, slots=True)
 class DoctorReport:
     findings: list[Finding]
-    nodes: dict[str, dict]
+    nodes: dict[str, NodeSummary]
     """Per node, named as in the cluster spec: what was found and what trainfleet will set."""
     problems: list[str] = field(default_factory=list)
     """Doctor's own failures (a probe that crashed): not findings about the cluster."""
@@ -45,14 +93,14 @@ class DoctorReport:
     @property
     def exit_code(self) -> int:
         """0: no errors; 1: errors found; 2: doctor could not examine any node."""
-        if self.problems and not any(n.get("reachable") for n in self.nodes.values()):
+        if self.problems and not any(n.reachable for n in self.nodes.values()):
             return 2
         return 1 if any(f.severity is Severity.ERROR for f in self.findings) else 0
 
     def to_json(self) -> dict:
         return {
             "findings": [f.to_json() for f in self.findings],
-            "nodes": self.nodes,
+            "nodes": {host: summary.to_json() for host, summary in self.nodes.items()},
             "problems": self.problems,
             "seconds": round(self.seconds, 3),
             "phases": {name: round(t, 3) for name, t in self.phases.items()},
@@ -69,7 +117,7 @@ def _gloo_default(facts: NodeFacts) -> str:
     return f"{first} (loopback!)" if first.startswith(LOOPBACK_PREFIXES) else first
 
 
-def node_summaries(survey: Survey) -> dict[str, dict]:
+def node_summaries(survey: Survey) -> dict[str, NodeSummary]:
     summaries = {}
     interfaces = chosen_interfaces(survey)
     for node in survey.cluster.nodes:
@@ -77,28 +125,28 @@ def node_summaries(survey: Survey) -> dict[str, dict]:
         facts = survey.facts.get(host)
         if facts is None:
             result = survey.failed.get(host)
-            summaries[host] = {
-                "reachable": False,
-                "address": survey.addresses.get(host),
-                "failure": result.reason() if result else "not probed",
-            }
+            summaries[host] = NodeSummary(
+                reachable=False,
+                address=survey.addresses.get(host),
+                failure=result.reason() if result else "not probed",
+            )
             continue
         ifaces = netsel.ifaces_of(facts)
         chosen = interfaces[host]
-        summaries[host] = {
-            "reachable": True,
-            "hostname": facts.hostname,
-            "address": survey.addresses.get(host),
-            "interface": chosen,
-            "subnet": netsel.subnet_of(chosen, ifaces),
-            "nccl_default": netsel.nccl_default(ifaces),
-            "gloo_default": _gloo_default(facts),
-            "python": facts.python.executable,
-            "versions": node_versions(facts),
-            "gpus": len(facts.gpus.devices) if facts.gpus else 0,
-            "slots": node.slots,
-            "probe_seconds": facts.seconds,
-        }
+        summaries[host] = NodeSummary(
+            reachable=True,
+            hostname=facts.hostname,
+            address=survey.addresses.get(host),
+            interface=chosen,
+            subnet=netsel.subnet_of(chosen, ifaces),
+            nccl_default=netsel.nccl_default(ifaces),
+            gloo_default=_gloo_default(facts),
+            python=facts.python.executable,
+            versions=node_versions(facts),
+            gpus=len(facts.gpus.devices) if facts.gpus else 0,
+            slots=node.slots,
+            probe_seconds=facts.seconds,
+        )
     return summaries
 
 

@@ -172,7 +172,8 @@ def plan_interfaces(report: DoctorReport, cluster_file: str | None, plan: FixPla
         if finding.id not in INTERFACE_FINDINGS or finding.severity is Severity.INFO:
             continue
         for host in finding.nodes:
-            chosen = report.nodes.get(host, {}).get("interface")
+            summary = report.nodes.get(host)
+            chosen = summary.interface if summary else None
             if chosen and not valid_interface(chosen):  # a node's own word: never written
                 plan.not_done.append(
                     f"interface of {host}: it reports {str(chosen)[:60]!r}, not an interface name"

@@ -46,20 +46,24 @@ def usable(iface: Interface) -> bool:
     return iface.up and bool(iface.ipv4)
 
 
-def nccl_matches(value: str, ifaces: Sequence[Interface]) -> list[str]:
-    """Names of usable interfaces NCCL would accept for NCCL_SOCKET_IFNAME=value."""
+def nccl_accepts(value: str, name: str) -> bool:
+    """Whether NCCL_SOCKET_IFNAME=value lets NCCL take the interface `name`: comma-separated
+    prefixes, `=` in front for exact names, `^` in front to exclude; a value of one character
+    (or none) is ignored (NCCL reads it only when `strlen > 1`), so it excludes nothing."""
     if len(value) <= 1:
-        return [i.name for i in ifaces if usable(i)]
+        return True
     exclude = value.startswith("^")
     spec = value[1:] if exclude else value
     exact = spec.startswith("=")
     spec = spec[1:] if exact else spec
     items = [item for item in spec.split(",") if item]
+    hit = any(name == item if exact else name.startswith(item) for item in items)
+    return hit != exclude
 
-    def hit(name: str) -> bool:
-        return any(name == item if exact else name.startswith(item) for item in items)
 
-    return [i.name for i in ifaces if usable(i) and hit(i.name) != exclude]
+def nccl_matches(value: str, ifaces: Sequence[Interface]) -> list[str]:
+    """Names of usable interfaces NCCL would accept for NCCL_SOCKET_IFNAME=value."""
+    return [i.name for i in ifaces if usable(i) and nccl_accepts(value, i.name)]
 
 
 def nccl_default(ifaces: Sequence[Interface]) -> str | None:

@@ -48,15 +48,15 @@ def render(report: DoctorReport) -> str:
     ]
     rows = {}
     for host, info in report.nodes.items():
-        if not info.get("reachable"):
-            rows[host] = f"not examined: {info.get('failure')}"
+        if not info.reachable:
+            rows[host] = f"not examined: {info.failure}"
             continue
-        versions = info["versions"]
+        versions = info.versions
         rows[host] = (
-            f"{info['interface'] or '?'} ({info['subnet'] or '-'})  NCCL default: "
-            f"{info['nccl_default'] or '-'}  gloo default: {info['gloo_default']}  "
-            f"python {versions['python']}  torch {versions['torch'] or '-'}  "
-            f"GPUs {info['gpus']}/{info['slots']} slots"
+            f"{info.interface or '?'} ({info.subnet or '-'})  NCCL default: "
+            f"{info.nccl_default or '-'}  gloo default: {info.gloo_default}  "
+            f"python {versions.get('python')}  torch {versions.get('torch') or '-'}  "
+            f"GPUs {info.gpus}/{info.slots} slots"
         )
     for names, text in fold_groups(rows):
         lines.append(f"  {names}: {text}")

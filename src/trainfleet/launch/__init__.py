@@ -83,7 +83,7 @@ def launch_facts(report: DoctorReport) -> dict[str, LaunchFacts]:
     silent = set(unnamed_mapped(survey)) if survey else set()
     facts = {}
     for host, info in report.nodes.items():
-        if not info.get("reachable"):
+        if not info.reachable:
             continue
         listening: set[int] = set()
         if survey and host == survey.cluster.master:
@@ -94,8 +94,8 @@ def launch_facts(report: DoctorReport) -> dict[str, LaunchFacts]:
                 listening.add(survey.cluster.master_port)
         sheet = survey.facts.get(host) if survey else None
         facts[host] = LaunchFacts(
-            interface=info.get("interface"),
-            gpus=info.get("gpus") or 0,
+            interface=info.interface,
+            gpus=info.gpus,
             listening=tuple(listening),
             python_version=_minor_version(sheet.python.version if sheet else None),
             silent_resolver=host in silent,
@@ -148,7 +148,7 @@ def prepare(
     report = backend.preflight(cluster, read_only=dry_run)
     if preflight and blocking(report):
         raise PreflightFailed(report)
-    unreachable = [h for h, info in report.nodes.items() if not info.get("reachable")]
+    unreachable = [h for h, info in report.nodes.items() if not info.reachable]
     if unreachable:
         raise TrainfleetError(
             f"cannot reach {', '.join(unreachable)}", "run `trainfleet doctor` for the cause"

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainfleet.catalog import FindingId
+from trainfleet.doctor import netsel
 from trainfleet.doctor.checks.network import LOOKUP_OPTIONS
 from trainfleet.errors import SpecError
 
@@ -160,27 +161,16 @@ def user_env(launch_env: Mapping[str, str], launch_cwd: str) -> UserEnv:
     return [(LAUNCH_SHELL, launch_shell_env(launch_env)), *files]
 
 
-def ifname_matches(spec: str, interface: str) -> bool:
-    """Whether NCCL would pick `interface` for NCCL_SOCKET_IFNAME=`spec`: a comma-separated
-    list of prefixes, `=` in front for exact names, `^` in front to exclude."""
-    exclude = spec.startswith("^")
-    body = spec[1:] if exclude else spec
-    exact = body.startswith("=")
-    body = body[1:] if exact else body
-    names = [n for n in body.split(",") if n]
-    hit = any(interface == n if exact else interface.startswith(n) for n in names)
-    return hit != exclude
-
-
 def interface_notes(host: str, interface: str, given: Mapping[str, tuple[str, str]]) -> list[str]:
     """iface-mismatch notes for a global interface variable that would not select `interface`
     (the one that reaches the master) on `host`. `given`: variable -> (value, source)."""
     notes = []
     for name, (value, source) in sorted(given.items()):
         # gloo takes exact names only; NCCL prefixes and its ^/= forms.
-        fits = (
-            value == interface if name == "GLOO_SOCKET_IFNAME" else ifname_matches(value, interface)
-        )
+        if name == "GLOO_SOCKET_IFNAME":
+            fits = value == interface
+        else:
+            fits = netsel.nccl_accepts(value, interface)
         if not fits:
             notes.append(
                 f"{FindingId.IFACE_MISMATCH}: {name}={value} ({source}) does not select {host}'s "

@@ -32,6 +32,7 @@ TRAINFLEET_JIT_LOCK_REPORT_S (seconds between the lock-wait reports; default 60)
 """
 
 import atexit
+import contextlib
 import functools
 import gc
 import importlib.abc
@@ -117,6 +118,7 @@ def wrap_baton(file_baton):
     file_baton.FileBaton.wait = wait
 
 
+SAVE_BEAT_EVERY_S = 10.0  # heartbeat.SAVE_BEAT_EVERY_S: a save's beats
 FLIGHT_RECORD_POLL_S = 0.5
 FLIGHT_RECORD_KEEP = 8
 """Entries kept per process group in a summary (the last ones, and every one not complete)."""
@@ -206,10 +208,12 @@ def beat(step, **fields):
 
 def wrap_trainer(trainer_module):
     """Hugging Face's Trainer (and what subclasses it: TRL's, LLaMA-Factory's, axolotl's) gets
-    a callback that beats at every optimizer step, with the total and the last logged loss:
-    a script started unchanged is seen by `trainfleet status` and judged by the hang
-    watchdog. A trainer that beats itself (`trainfleet train`'s) sets
-    `trainfleet_beats = True` on its class and gets none."""
+    a callback that beats at every optimizer step, with the total and the last logged loss,
+    and at every evaluation batch (phase `evaluating`); its checkpoint saves beat `saving`
+    with the bytes written so far: a script started unchanged is seen by `trainfleet status`
+    and judged by the hang watchdog as `trainfleet train` is (an evaluation or a save longer
+    than --hang-timeout is no hang while it advances). A trainer that beats itself
+    (`trainfleet train`'s) sets `trainfleet_beats = True` on its class and gets none."""
     trainer = getattr(trainer_module, "Trainer", None)
     base = getattr(sys.modules.get("transformers.trainer_callback"), "TrainerCallback", None)
     if trainer is None or base is None or getattr(trainer.__init__, "_trainfleet", False):
@@ -219,6 +223,7 @@ def wrap_trainer(trainer_module):
     class Beats(base):
         def __init__(self):
             self.loss = None
+            self.evaluated = 0  # evaluation batches: the phase's progress
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if isinstance(logs, dict) and isinstance(logs.get("loss"), (int, float)):
@@ -227,6 +232,14 @@ def wrap_trainer(trainer_module):
 
         def on_step_end(self, args, state, control, **kwargs):
             beat(state.global_step, total_steps=state.max_steps or None, loss=self.loss)
+
+        def on_prediction_step(self, args, state, control, **kwargs):
+            self.evaluated += 1
+            beat(state.global_step, phase="evaluating", phase_progress=self.evaluated)
+
+        def on_evaluate(self, args, state, control, **kwargs):
+            self.evaluated = 0
+            beat(state.global_step, phase="training")  # the phase ends (as train's worker)
 
     @functools.wraps(original)
     def __init__(self, *args, **kwargs):
@@ -239,6 +252,53 @@ def wrap_trainer(trainer_module):
 
     __init__._trainfleet = True
     trainer.__init__ = __init__
+    save = getattr(trainer, "_save_checkpoint", None)
+    if save is None:
+        return
+
+    @functools.wraps(save)
+    def _save_checkpoint(self, *args, **kwargs):
+        if getattr(type(self), "trainfleet_beats", False):
+            return save(self, *args, **kwargs)
+        step = self.state.global_step
+        folder = os.path.join(str(self.args.output_dir), "checkpoint-%d" % step)
+        with saving_beats(step, folder):
+            saved = save(self, *args, **kwargs)
+        beat(step, phase="training")  # the phase ends (as train's worker says it)
+        return saved
+
+    trainer._save_checkpoint = _save_checkpoint
+
+
+@contextlib.contextmanager
+def saving_beats(step, folder):
+    """Beat phase `saving` now and every SAVE_BEAT_EVERY_S seconds with the bytes under
+    `folder` so far (heartbeat.beating's rule: each increase is progress), until the block
+    ends."""
+    stop = threading.Event()
+
+    def written():
+        total = 0
+        for root, _, files in os.walk(folder):
+            for name in files:
+                try:
+                    total += os.path.getsize(os.path.join(root, name))
+                except OSError:
+                    pass  # removed while the save renames its files
+        return total
+
+    def loop():
+        while not stop.wait(SAVE_BEAT_EVERY_S):
+            beat(step, phase="saving", phase_progress=written())
+
+    beat(step, phase="saving", phase_progress=0)
+    thread = threading.Thread(target=loop, name="trainfleet-saving-beats", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):

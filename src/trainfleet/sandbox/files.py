@@ -15,6 +15,8 @@ from pathlib import Path
 
 import yaml
 
+from trainfleet.cluster import hostfile
+
 
 @dataclass(frozen=True, slots=True)
 class SandboxNode:
@@ -143,7 +145,7 @@ def known_hosts_text(entries: list[tuple[SandboxNode, str]]) -> str:
 
 
 def hostfile_text(nodes: list[SandboxNode], slots: int) -> str:
-    return "".join(f"{node.hostname} slots={slots}\n" for node in nodes)
+    return hostfile.hostfile_text({node.hostname: slots for node in nodes})
 
 
 def cluster_yaml_text(

@@ -30,8 +30,7 @@ from trainfleet.doctor.findings import Severity
 from trainfleet.errors import SetupError
 from trainfleet.setup.pyenv import default_target
 from trainfleet.setup.result import Confirm, SetupResult
-
-STEPS = ("ssh", "hostfile", "env", "pyenv", "firewall", "hosts", "sync")
+from trainfleet.setup.steps import ORDER as STEPS
 
 RunStep = Callable[..., SetupResult]
 """run_step(step, cluster, cluster_file, *, dry_run, confirm) -> the step's result."""

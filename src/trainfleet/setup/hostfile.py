@@ -20,7 +20,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from trainfleet import clusterfile
-from trainfleet.cluster import Cluster, parse_cluster_yaml, parse_hostfile
+from trainfleet.cluster import Cluster, parse_cluster_yaml
+from trainfleet.cluster import hostfile as cluster_hostfile
 from trainfleet.doctor.facts import NodeFacts
 from trainfleet.errors import SetupError
 from trainfleet.nodeset import fold_names
@@ -31,9 +32,8 @@ HEADER = "# written by `trainfleet setup hostfile` (DeepSpeed/MPI format: HOST s
 
 
 def hostfile_text(slots: dict[str, int]) -> str:
-    text = HEADER + "".join(f"{host} slots={n}\n" for host, n in slots.items())
-    parse_hostfile(text)  # exactly what launch and DeepSpeed's runner will read
-    return text
+    """The hostfile `setup hostfile` writes: its header, then `cluster.hostfile`'s lines."""
+    return cluster_hostfile.hostfile_text(slots, header=HEADER)
 
 
 def slots_for(

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 
 from trainfleet.cluster import Cluster
 from trainfleet.errors import TrainfleetError
+from trainfleet.heartbeat import HANG_TIMEOUT_S
 from trainfleet.plan.memory import TrainSetup
 from trainfleet.train import checkpoints, user_deepspeed
 from trainfleet.train.config import TrainConfig, load_train_config
@@ -68,7 +69,7 @@ def run_train(
     *,
     preflight: bool = True,
     join_timeout: float = 120.0,
-    hang_timeout: float | None = 300.0,
+    hang_timeout: float | None = HANG_TIMEOUT_S,
     startup_timeout: float | None = 1800.0,
     max_restarts: int = 0,
     out=None,

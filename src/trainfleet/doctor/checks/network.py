@@ -320,106 +320,138 @@ def _configured(survey: Survey, host: str, key: str) -> tuple[str, str] | None:
 
 
 def check_interfaces(survey: Survey) -> list[Finding]:
-    findings = []
-    chosen = {
+    """The interface rules, node by node in the order below, then the one across nodes."""
+    routed = {
         host: netsel.chosen_interface(facts, survey.master_addr)
         for host, facts in survey.facts.items()
     }
-    gloo_counts: dict[str, int] = {}
-    for host, facts in survey.facts.items():
-        ifaces = netsel.ifaces_of(facts)
-        have = ", ".join(i.name for i in ifaces if netsel.usable(i) and i.name != "lo")
-        nccl = _configured(survey, host, "NCCL_SOCKET_IFNAME")
-        if nccl and not netsel.nccl_matches(nccl[0], ifaces):
-            findings.append(
-                Finding(
-                    id=FindingId.IFACE_MISMATCH,
-                    severity=Severity.ERROR,
-                    nodes=(host,),
-                    evidence=[
-                        f"NCCL_SOCKET_IFNAME={nccl[0]} (from {nccl[1]}) matches no interface "
-                        f"on {host}; it has {have}"
-                    ],
-                    fix=f"set it per node (on {host}: NCCL_SOCKET_IFNAME={chosen.get(host)}): "
-                    f"`interface: {chosen.get(host)}` on {host} in cluster.yaml (launch sets "
-                    "NCCL and gloo from it; `doctor --fix` writes it), or a prefix list that "
-                    "covers every node",
-                )
-            )
-        gloo = _configured(survey, host, "GLOO_SOCKET_IFNAME")
-        if gloo:
-            gloo_counts[host] = len(gloo[0].split(","))
-            missing = netsel.gloo_missing(gloo[0], ifaces)
-            if missing:
-                findings.append(
-                    Finding(
-                        id=FindingId.IFACE_MISMATCH,
-                        severity=Severity.ERROR,
-                        nodes=(host,),
-                        evidence=[
-                            f"GLOO_SOCKET_IFNAME={gloo[0]} (from {gloo[1]}): {host} has no "
-                            f"interface {', '.join(missing)} (it has {have}); gloo fails with "
-                            f"`Unable to find address for: {missing[0]}`"
-                        ],
-                        fix=f"gloo takes exact names: set it per node (on {host}: "
-                        f"GLOO_SOCKET_IFNAME={chosen.get(host)}): `interface: {chosen.get(host)}` "
-                        f"on {host} in cluster.yaml (`doctor --fix` writes it)",
-                    )
-                )
-        if nccl is None and _multi_node(survey):
-            default = netsel.nccl_default(ifaces)
-            if chosen.get(host) and default and default != chosen[host]:
-                findings.append(
-                    Finding(
-                        id=FindingId.IFACE_WRONG,
-                        severity=Severity.WARNING,
-                        nodes=(host,),
-                        evidence=[
-                            f"NCCL_SOCKET_IFNAME is unset: NCCL would use {default}, but "
-                            f"{host} reaches the master through {chosen[host]}"
-                        ],
-                        fix=f"NCCL_SOCKET_IFNAME={chosen[host]} on {host} (per node env)",
-                    )
-                )
-        pinned = survey.cluster.node(host).interface
-        exists = not netsel.gloo_missing(pinned or "", ifaces)
-        if pinned and exists and chosen.get(host) and pinned != chosen[host]:
-            findings.append(
-                Finding(
-                    id=FindingId.IFACE_WRONG,
-                    severity=Severity.WARNING,
-                    nodes=(host,),
-                    evidence=[
-                        f"cluster.yaml pins interface {pinned} on {host}, but {host} reaches "
-                        f"the master through {chosen[host]}"
-                    ],
-                    fix=f"interface: {chosen[host]} for {host} in cluster.yaml, unless "
-                    f"{pinned} is a faster network that also reaches every node",
-                )
-            )
-        if chosen.get(host) and netsel.is_virtual(chosen[host]):
-            findings.append(
-                Finding(
-                    id=FindingId.IFACE_WRONG,
-                    severity=Severity.WARNING,
-                    nodes=(host,),
-                    evidence=[
-                        f"{host} reaches the master through {chosen[host]}, a virtual interface"
-                    ],
-                    fix="check the master address and routes: use the data network",
-                )
-            )
-    if len(set(gloo_counts.values())) > 1:
-        findings.append(
-            Finding(
-                id=FindingId.IFACE_MISMATCH,
-                severity=Severity.ERROR,
-                nodes=tuple(gloo_counts),
-                evidence=[
-                    f"GLOO_SOCKET_IFNAME lists {n} interface(s) on {h}"
-                    for h, n in gloo_counts.items()
-                ],
-                fix="every process must list the same number of interfaces in GLOO_SOCKET_IFNAME",
-            )
-        )
-    return findings
+    rules = (_nccl_ifname_mismatch, _gloo_ifname_missing, _nccl_default_wrong, _pin_off_route,
+             _virtual_route)  # fmt: skip
+    findings = [
+        finding
+        for host in survey.facts
+        for rule in rules
+        if (finding := rule(survey, host, routed.get(host))) is not None
+    ]
+    counts = _gloo_count_mismatch(survey)
+    return findings + ([counts] if counts else [])
+
+
+def _usable_names(ifaces) -> str:
+    """The node's usable interfaces but lo, for the evidence."""
+    return ", ".join(i.name for i in ifaces if netsel.usable(i) and i.name != "lo")
+
+
+def _nccl_ifname_mismatch(survey: Survey, host: str, routed: str | None) -> Finding | None:
+    """NCCL_SOCKET_IFNAME, wherever it is set for the node, matches none of its interfaces."""
+    nccl = _configured(survey, host, "NCCL_SOCKET_IFNAME")
+    ifaces = netsel.ifaces_of(survey.facts[host])
+    if not nccl or netsel.nccl_matches(nccl[0], ifaces):
+        return None
+    return Finding(
+        id=FindingId.IFACE_MISMATCH,
+        severity=Severity.ERROR,
+        nodes=(host,),
+        evidence=[
+            f"NCCL_SOCKET_IFNAME={nccl[0]} (from {nccl[1]}) matches no interface "
+            f"on {host}; it has {_usable_names(ifaces)}"
+        ],
+        fix=f"set it per node (on {host}: NCCL_SOCKET_IFNAME={routed}): "
+        f"`interface: {routed}` on {host} in cluster.yaml (launch sets "
+        "NCCL and gloo from it; `doctor --fix` writes it), or a prefix list that "
+        "covers every node",
+    )
+
+
+def _gloo_ifname_missing(survey: Survey, host: str, routed: str | None) -> Finding | None:
+    """GLOO_SOCKET_IFNAME names an interface the node does not have (gloo takes exact names)."""
+    gloo = _configured(survey, host, "GLOO_SOCKET_IFNAME")
+    ifaces = netsel.ifaces_of(survey.facts[host])
+    missing = netsel.gloo_missing(gloo[0], ifaces) if gloo else []
+    if not gloo or not missing:
+        return None
+    return Finding(
+        id=FindingId.IFACE_MISMATCH,
+        severity=Severity.ERROR,
+        nodes=(host,),
+        evidence=[
+            f"GLOO_SOCKET_IFNAME={gloo[0]} (from {gloo[1]}): {host} has no "
+            f"interface {', '.join(missing)} (it has {_usable_names(ifaces)}); gloo fails with "
+            f"`Unable to find address for: {missing[0]}`"
+        ],
+        fix=f"gloo takes exact names: set it per node (on {host}: "
+        f"GLOO_SOCKET_IFNAME={routed}): `interface: {routed}` "
+        f"on {host} in cluster.yaml (`doctor --fix` writes it)",
+    )
+
+
+def _nccl_default_wrong(survey: Survey, host: str, routed: str | None) -> Finding | None:
+    """NCCL_SOCKET_IFNAME unset on a multi-node cluster, and NCCL's own pick is not the
+    interface that routes to the master."""
+    if _configured(survey, host, "NCCL_SOCKET_IFNAME") is not None or not _multi_node(survey):
+        return None
+    default = netsel.nccl_default(netsel.ifaces_of(survey.facts[host]))
+    if not routed or not default or default == routed:
+        return None
+    return Finding(
+        id=FindingId.IFACE_WRONG,
+        severity=Severity.WARNING,
+        nodes=(host,),
+        evidence=[
+            f"NCCL_SOCKET_IFNAME is unset: NCCL would use {default}, but "
+            f"{host} reaches the master through {routed}"
+        ],
+        fix=f"NCCL_SOCKET_IFNAME={routed} on {host} (per node env)",
+    )
+
+
+def _pin_off_route(survey: Survey, host: str, routed: str | None) -> Finding | None:
+    """cluster.yaml pins an interface the node has, but not the one that routes to the
+    master."""
+    pinned = survey.cluster.node(host).interface
+    exists = not netsel.gloo_missing(pinned or "", netsel.ifaces_of(survey.facts[host]))
+    if not (pinned and exists and routed and pinned != routed):
+        return None
+    return Finding(
+        id=FindingId.IFACE_WRONG,
+        severity=Severity.WARNING,
+        nodes=(host,),
+        evidence=[
+            f"cluster.yaml pins interface {pinned} on {host}, but {host} reaches "
+            f"the master through {routed}"
+        ],
+        fix=f"interface: {routed} for {host} in cluster.yaml, unless "
+        f"{pinned} is a faster network that also reaches every node",
+    )
+
+
+def _virtual_route(survey: Survey, host: str, routed: str | None) -> Finding | None:
+    """The node reaches the master through a virtual interface (docker, a bridge, a VPN)."""
+    if not routed or not netsel.is_virtual(routed):
+        return None
+    return Finding(
+        id=FindingId.IFACE_WRONG,
+        severity=Severity.WARNING,
+        nodes=(host,),
+        evidence=[f"{host} reaches the master through {routed}, a virtual interface"],
+        fix="check the master address and routes: use the data network",
+    )
+
+
+def _gloo_count_mismatch(survey: Survey) -> Finding | None:
+    """GLOO_SOCKET_IFNAME lists a different number of interfaces on some nodes (every process
+    must list the same number)."""
+    counts = {
+        host: len(gloo[0].split(","))
+        for host in survey.facts
+        if (gloo := _configured(survey, host, "GLOO_SOCKET_IFNAME"))
+    }
+    if len(set(counts.values())) <= 1:
+        return None
+    return Finding(
+        id=FindingId.IFACE_MISMATCH,
+        severity=Severity.ERROR,
+        nodes=tuple(counts),
+        evidence=[f"GLOO_SOCKET_IFNAME lists {n} interface(s) on {h}" for h, n in counts.items()],
+        fix="every process must list the same number of interfaces in GLOO_SOCKET_IFNAME",
+    )

@@ -42,6 +42,7 @@ from pathlib import Path
 
 from trainfleet import node as node_programs
 from trainfleet.cluster import Cluster
+from trainfleet.cluster.hostfile import hostfile_text
 from trainfleet.doctor import DoctorReport
 from trainfleet.errors import TrainfleetError
 from trainfleet.files import write_private
@@ -219,7 +220,7 @@ def plan_deepspeed(
         f"{node_dir}/shim.py",
         *options.command,
     ]
-    hostfile = "".join(f"{n.host} slots={max(n.gpu_ids) + 1}\n" for n in cluster.nodes)
+    hostfile = hostfile_text({n.host: max(n.gpu_ids) + 1 for n in cluster.nodes})
     return DeepSpeedPlan(
         options=options,
         master=cluster.master,
