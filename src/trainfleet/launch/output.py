@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from trainfleet import heartbeat
-from trainfleet.launch.runfacts import RunFacts, exit_code
+from trainfleet.launch.runfacts import RunFacts, marked_exit_code
 from trainfleet.node import shim
 from trainfleet.remote.lines import LINE_CAP, READ_CHUNK, CappedLines, Line
 from trainfleet.untrusted import printable
@@ -139,7 +139,7 @@ class MergedOutput:
                                         ": that field left out")  # fmt: skip
             self.facts.beat(rank, fields, now=time.time())
             return
-        if event.startswith("exit=") and exit_code(event) is None:
+        if event.startswith("exit=") and marked_exit_code(event) is None:
             self.warn(node, "mark", f"{node}: rank {rank}'s exit mark {_shown(event)} has no "
                                     "exit code: ignored")  # fmt: skip
             return

@@ -28,10 +28,10 @@ _EXIT_CODE = re.compile(r"-?[0-9]{1,10}")
 """ASCII digits only: `str.isdigit()` is true for `²`, which `int()` refuses."""
 
 
-def exit_code(event: str) -> int | None:
+def marked_exit_code(event: str) -> int | None:
     """N of the shim's `exit=N` mark (None: another mark, or a garbled one).
 
-    >>> exit_code("exit=-9"), exit_code("exit=²"), exit_code("joined")
+    >>> marked_exit_code("exit=-9"), marked_exit_code("exit=²"), marked_exit_code("joined")
     (-9, None, None)
     """
     code = event[5:] if event.startswith("exit=") else ""
@@ -56,7 +56,7 @@ class Joins:
             self.first_entered = self.first_entered or now
         elif event == "joined":
             self.joined.add(rank)
-        elif (code := exit_code(event)) is not None:
+        elif (code := marked_exit_code(event)) is not None:
             self.exited[rank] = code
 
     @property
@@ -96,7 +96,7 @@ class RunFacts:
     def mark(self, node: str, rank: int, event: str, now: float) -> None:
         """The shim's `started`, `entered`, `joined` or `exit=N` for `rank` of `node`."""
         self.joins.mark(event, rank, now)
-        if (code := exit_code(event)) is not None:
+        if (code := marked_exit_code(event)) is not None:
             self.tracker.note_exit(now, node, rank, code)
 
     def beat(self, rank: int, fields: dict[str, Any], *, now: float) -> None:
