@@ -3,20 +3,29 @@
     >>> took = {"test_a.py": 150, "test_b.py": 40, "test_launch.py": 120, "test_migration.py": 60}
     >>> bins(sorted(took), 2, took)
     {'test_a.py': 1, 'test_b.py': 1, 'test_launch.py': 0, 'test_migration.py': 0}
+    >>> file_seconds([("cluster/test_a.py::test_x[1]", 2.5), ("cluster/test_a.py::test_y", 1.0)])
+    {'test_a.py': 4}
 
 Two rules. The files that run DeepSpeed's runner share one worker: the runner ends a failed
 job with `pkill -f "python -u -m deepspeed.launcher.launch"` on every node, and sandbox nodes
 share this machine's process namespace, so a failing job of one file ended the other file's
 jobs whenever the two ran side by side (docs/tests.md). Then the longest first, each to the
-worker with the least so far, by what each file took in a measured tier: xdist's own order
-hands files out as workers free up, and a long file handed out last (test_train, 204 s) left
-the other worker idle for the last 74 s of the tier. (Each worker running its files longest
-first was tried: test_setup then ran beside test_launch and took 307 s instead of 378 s, but
-the 80 longest test phases summed 1,624 s against 1,588 s, and the tier took 820 s against 813 s;
-each worker runs its files in collection order.)
+worker with the least so far: xdist's own order hands files out as workers free up, and a long
+file handed out last left the other worker idle at the end of the tier. Each worker runs its
+files in collection order (longest first within a worker was tried and measured no better).
+
+How long a file takes is not written here: it is what pytest recorded for it, every test's
+setup, call and teardown summed (`file_seconds`), kept in DURATIONS. A cluster tier run with
+`--record-durations` rewrites that file for the files it ran whole (not skipped):
+
+    pytest -n 2 --cluster-bins --record-durations -m "cluster and not serial" tests/cluster
 """
 
 from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
 
 from xdist.scheduler import LoadScopeScheduling
 
@@ -24,27 +33,39 @@ DEEPSPEED_RUNNER_FILES = ("test_launch.py", "test_migration.py", "test_third_par
 """The files whose tests run DeepSpeed's runner (`--backend deepspeed`, `deepspeed --hostfile`)
 and fail some of its jobs on purpose."""
 
-SECONDS = {
-    "test_setup.py": 387,
-    "test_chaos.py": 316,
-    "test_launch.py": 315,
-    "test_train.py": 201,
-    "test_migration.py": 143,
-    "test_third_party.py": 122,
-    "test_doctor.py": 87,
-    "test_doctor_load.py": 30,
-    "test_commtest.py": 28,
-    "test_sandbox_exec.py": 17,
-    "test_sandbox_faults.py": 10,
-}
-"""What each file's tests took beside the other worker's, setup and teardown included: the
-mean of two cluster tiers of 2026-11-25 (a timeline of every test's start and end), one with
-xdist's own order of files and one with these bins. A file missing here counts as
-UNMEASURED_S until it is measured."""
+DURATIONS = Path(__file__).parent / "cluster" / "durations.json"
+"""file name -> seconds its tests took in the last recorded cluster tier (`--record-durations`),
+beside the other worker's tests, as the tier runs them."""
+
 UNMEASURED_S = 60
+"""What a file missing from DURATIONS counts as, until a recorded tier measures it."""
 
 
-def bins(files: list[str], workers: int, seconds: dict[str, int] = SECONDS) -> dict[str, int]:
+def recorded_seconds(path: Path = DURATIONS) -> dict[str, int]:
+    """The file's `seconds` table; empty where nothing was recorded yet."""
+    if not path.exists():
+        return {}
+    return {name: int(s) for name, s in json.loads(path.read_text())["seconds"].items()}
+
+
+def file_seconds(phases: Iterable[tuple[str, float]]) -> dict[str, int]:
+    """(test node id, seconds of one phase) -> each file's seconds, rounded."""
+    summed: dict[str, float] = {}
+    for nodeid, seconds in phases:
+        name = file_name(nodeid)
+        summed[name] = summed.get(name, 0.0) + seconds
+    return {name: round(s) for name, s in sorted(summed.items())}
+
+
+def record(measured: dict[str, int], existing: Iterable[str], path: Path = DURATIONS) -> None:
+    """Writes `measured` over what `path` held; a file neither measured nor existing is dropped."""
+    kept = set(existing) | set(measured)
+    seconds = {**recorded_seconds(path), **measured}
+    table = {"seconds": {name: seconds[name] for name in sorted(seconds) if name in kept}}
+    path.write_text(json.dumps(table, indent=1) + "\n")
+
+
+def bins(files: list[str], workers: int, seconds: dict[str, int]) -> dict[str, int]:
     """file name -> worker index (0 .. workers-1)."""
     units: list[tuple[int, tuple[str, ...]]] = []
     together = tuple(f for f in files if f in DEEPSPEED_RUNNER_FILES)
@@ -73,10 +94,10 @@ class FileBinScheduling(LoadScopeScheduling):
     def _split_scope(self, nodeid: str) -> str:
         if self._worker_of is None:  # every worker has sent its collection by now
             collection = next(iter(self.registered_collections.values()))
-            files = sorted({_file_name(n) for n in collection})
-            self._worker_of = bins(files, self.numnodes)
-        return f"worker-{self._worker_of[_file_name(nodeid)]}"
+            files = sorted({file_name(n) for n in collection})
+            self._worker_of = bins(files, self.numnodes, recorded_seconds())
+        return f"worker-{self._worker_of[file_name(nodeid)]}"
 
 
-def _file_name(nodeid: str) -> str:
+def file_name(nodeid: str) -> str:
     return nodeid.split("::", 1)[0].rsplit("/", 1)[-1]

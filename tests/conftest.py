@@ -44,6 +44,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="with -n N: each test file whole on the worker tests/cluster_schedule.py gives it "
         "(the files that run DeepSpeed's runner on one worker; the longest first)",
     )  # fmt: skip
+    parser.addoption(
+        "--record-durations", nargs="?", const=str(cluster_schedule.DURATIONS), default=None,
+        metavar="FILE",
+        help="at the end, write what each test file that ran whole took (setup, call and "
+        "teardown summed) into FILE (default: the table --cluster-bins reads); run the whole "
+        "parallel cluster tier with it",
+    )  # fmt: skip
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log) -> object | None:
@@ -120,6 +127,35 @@ def _is_xdist_worker(config: pytest.Config) -> bool:
 def pytest_sessionstart(session: pytest.Session) -> None:
     if not _is_xdist_worker(session.config):
         session.config.stash[_TOKENS_AT_START] = set(Path.cwd().glob(_DOCTOR_TOKENS))
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    """--record-durations: each file's tests' phases summed (the xdist controller sees every
+    worker's reports), a file with a skipped test left as it was recorded; nothing written
+    where the session was interrupted or collected nothing."""
+    if config.getoption("record_durations") is None or _is_xdist_worker(config):
+        return
+    if exitstatus not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
+        terminalreporter.write_line(f"durations not recorded: the session ended {exitstatus!r}")
+        return
+    reports = [
+        r
+        for category in terminalreporter.stats.values()
+        for r in category
+        if isinstance(r, pytest.TestReport)
+    ]
+    skipped = {cluster_schedule.file_name(r.nodeid) for r in reports if r.skipped}
+    measured = cluster_schedule.file_seconds(
+        (r.nodeid, r.duration)
+        for r in reports
+        if cluster_schedule.file_name(r.nodeid) not in skipped
+    )
+    existing = {p.name for p in (Path(__file__).parent / "cluster").glob("test_*.py")}
+    path = Path(config.getoption("record_durations"))
+    cluster_schedule.record(measured, existing, path)
+    terminalreporter.write_line(
+        f"recorded in {path}: {sorted(measured)}; left as they were: {sorted(skipped)} (skipped)"
+    )
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

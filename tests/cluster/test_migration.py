@@ -146,7 +146,7 @@ def test_a_console_script_on_the_nodes_path_runs_and_its_ranks_join(box, tmp_pat
         said = f"finetune rank {rank}/3 sum=6.0 tag=None args=--epochs 1"
         assert f"[{node}:{rank}] {said}" in out, out
     # (That it runs inside the rank, where its joins are seen, is unit-tested in
-    # test_launch_node_side.py.)
+    # tests/unit/test_node_shim.py.)
 
 
 @pytest.mark.parametrize("backend", ["ssh", pytest.param("deepspeed", marks=NEEDS_DEEPSPEED)])

@@ -1,5 +1,5 @@
 """The hang report's collective, from Flight Recorder summaries as the shim writes them (the
-real ones come from gloo in tests/unit/test_launch_node_side.py and the sandbox hang tests)."""
+real ones come from gloo in tests/unit/test_node_shim.py and the sandbox hang tests)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The sandbox's hostile nodes: what root on a node (or whoever writes its shared home) can make
-it say and leave in its files. They test trainfleet's trust rules (README, security): a node's
+it say and leave in its files. They test trainfleet's trust rules (docs/security.md): a node's
 words are data, never names its key is trusted under, never code, never terminal commands.
 
     >>> claimed_name(["gpu-node-1", "gpu-node-2", "gpu-node-3"], 3)
