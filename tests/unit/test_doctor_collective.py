@@ -14,6 +14,7 @@ from doctor_fixtures import make_survey, reparsed, sheets_of
 
 from trainfleet import node
 from trainfleet.doctor import collective
+from trainfleet.node import collective as node_collective
 from trainfleet.remote import Failure, NodeResult
 
 pytestmark = pytest.mark.unit
@@ -160,8 +161,8 @@ def test_a_node_whose_import_fails_or_hangs_is_reported_by_the_checks(tmp_path, 
 
 def test_the_node_side_reports_its_imports_and_skips_the_all_reduce_when_told():
     """The real node program, in this interpreter's environment (torch installed here)."""
-    argv = node.argv(sys.executable, "collective")
-    done = subprocess.run(argv, input=node.line("collective", "run", {"all_reduce": None}),
+    argv = node.argv(sys.executable, node_collective.run)
+    done = subprocess.run(argv, input=node.line(node_collective.run, {"all_reduce": None}),
                           capture_output=True, check=False, timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr
     # DeepSpeed may print to stdout when something imports it; the report is its own line

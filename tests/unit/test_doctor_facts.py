@@ -108,8 +108,8 @@ def _full_probe_sheet(tmp_path) -> dict:
         "bandwidth_seconds": 0.2,
     }
     proc = subprocess.run(
-        node.argv(sys.executable, "probe"),
-        input=node.line("probe", "main", params),
+        node.argv(sys.executable, probe),
+        input=node.line(probe.main, params),
         capture_output=True,
         timeout=120,
     )

@@ -14,6 +14,7 @@ import pytest
 
 from trainfleet import node
 from trainfleet.cluster import load_cluster
+from trainfleet.node import probe
 from trainfleet.remote import Failure, NodeResult
 
 # The module, not the function trainfleet.doctor exports under the same name.
@@ -61,8 +62,8 @@ def _probe_with_itself_as_peer(workdir, **extra):
         **extra,
     }
     proc = subprocess.run(
-        node.argv(sys.executable, "probe"),
-        input=node.line("probe", "main", params),
+        node.argv(sys.executable, probe),
+        input=node.line(probe.main, params),
         capture_output=True,
         timeout=60,
     )

@@ -76,8 +76,8 @@ def test_authorized_keys_compare_keys_not_comments_or_options(home):
 def test_the_payload_runs_on_a_plain_python3(home):
     job = {"add_known": [f"gpu-node-1 {KEY}"], "dry_run": True}
     out = subprocess.run(
-        node.argv(sys.executable, "sshkeys"),
-        input=node.line("sshkeys", "run", job),
+        node.argv(sys.executable, sshkeys),
+        input=node.line(sshkeys.run, job),
         capture_output=True,
         check=True,
     )

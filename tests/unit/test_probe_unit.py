@@ -130,9 +130,9 @@ def _probe(params: dict, cwd) -> dict:
     launch node's word that every peer started follows its program on stdin."""
     go = {"peers": [p["node"] for p in params.get("peers", [])], "inbound": params.get("inbound"),
           "bandwidth_from": params.get("bandwidth_from")}  # fmt: skip
-    stdin = node.line("probe", "main", params)
+    stdin = node.line(probe.main, params)
     proc = subprocess.run(
-        node.argv(sys.executable, "probe"),
+        node.argv(sys.executable, probe),
         input=stdin + (json.dumps(go).encode() + b"\n" if params.get("barrier") else b""),
         capture_output=True,
         timeout=60,

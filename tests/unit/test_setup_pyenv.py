@@ -14,6 +14,7 @@ import pytest
 from trainfleet import node as node_programs
 from trainfleet.cluster import load_cluster
 from trainfleet.errors import SetupError
+from trainfleet.node import pyenv as node_pyenv
 from trainfleet.setup import dsops, pyenv, wheels
 from trainfleet.setup.pyenv import NodeEnv, parse_node_env, plan_node
 from trainfleet.setup.wheels import Dist, cannot_take, driver_too_old
@@ -145,8 +146,10 @@ def test_packed_wheels_install_with_no_index_into_a_new_environment(tmp_path):
         (wheel_dir / files[name].name).write_bytes(files[name].read_bytes())
     job = {"target": str(target), "dir": str(wheel_dir), "pip": files["pip"].name,
            "wheels": [files["pip"].name, files["hjson"].name]}  # fmt: skip
-    done = subprocess.run(node_programs.argv(sys.executable, "pyenv"), capture_output=True,
-                          input=node_programs.line("pyenv", "install", job))  # fmt: skip
+    argv = node_programs.argv(sys.executable, node_pyenv.install)
+    done = subprocess.run(
+        argv, capture_output=True, input=node_programs.line(node_pyenv.install, job)
+    )
     assert done.returncode == 0, done.stderr.decode()
     assert not wheel_dir.exists()  # trainfleet's own directory, removed once installed
     assert list(target.glob("lib/python3*/site-packages/hjson/__pycache__/*.pyc"))  # compiled

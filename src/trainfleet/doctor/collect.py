@@ -23,6 +23,7 @@ from trainfleet import node as node_programs
 from trainfleet.cluster import DEFAULT_CONNECT_TIMEOUT, Cluster, Node
 from trainfleet.doctor.facts import FactSheetError, NodeFacts, read_fact_sheet
 from trainfleet.doctor.pace import GoLine, Pace, ProbeTimes
+from trainfleet.node import probe
 from trainfleet.node.probe import MARK
 from trainfleet.remote import Failure, NodeResult, run_on_nodes, ssh_hostnames, ssh_options
 
@@ -107,8 +108,8 @@ def _probe_argv(node: Node) -> list[str]:
     """The probe runs with the PATH cluster.yaml gives the node (what `launch` exports there,
     e.g. recorded by `trainfleet setup env`), so its tool checks see what the job will see."""
     if "PATH" in node.env:
-        return ["env", f"PATH={node.env['PATH']}", *node_programs.argv(node.python, "probe")]
-    return node_programs.argv(node.python, "probe")
+        return ["env", f"PATH={node.env['PATH']}", *node_programs.argv(node.python, probe.main)]
+    return node_programs.argv(node.python, probe.main)
 
 
 def _peer_ssh_argv(peer: Node) -> list[str]:
@@ -302,7 +303,7 @@ def collect(
         launch_env=dict(os.environ),
     )
     argv = {n.host: _probe_argv(n) for n in cluster.nodes}
-    payloads = {host: node_programs.line("probe", "main", p) for host, p in params.items()}
+    payloads = {host: node_programs.line(probe.main, p) for host, p in params.items()}
     budget = probe_budget(len(cluster.nodes), quick)
     connect = max(n.ssh.connect_timeout or DEFAULT_CONNECT_TIMEOUT for n in cluster.nodes)
     pace = Pace(

@@ -26,6 +26,7 @@ from trainfleet.doctor.checks.software import node_versions
 from trainfleet.doctor.collect import EPHEMERAL_PORTS, Survey
 from trainfleet.doctor.facts import Imports, parse_imports
 from trainfleet.doctor.findings import Finding, Severity
+from trainfleet.node import collective
 from trainfleet.remote import Failure, NodeResult, run_on_nodes
 
 STARTUP_S = 60
@@ -127,13 +128,13 @@ def run_stack(
         iface = chosen[node.host]
         env = [f"GLOO_SOCKET_IFNAME={iface}"] if iface else []
         env += [f"RES_OPTIONS={LOOKUP_OPTIONS}"] if node.host in silent else []
-        argv[node.host] = ["env", *env, *node_programs.argv(node.python, "collective")]
+        argv[node.host] = ["env", *env, *node_programs.argv(node.python, collective.run)]
         group = {
             "addr": survey.master_addr, "port": port, "rank": rank, "world": world,
             "startup_s": STARTUP_S, "timeout_s": TIMEOUT_S,
         }  # fmt: skip
         calls[node.host] = node_programs.line(
-            "collective", "run", {"all_reduce": group if all_reduce else None}
+            collective.run, {"all_reduce": group if all_reduce else None}
         )
     start = time.monotonic()
     bound = STARTUP_S + (TIMEOUT_S if all_reduce else 0) + SPARE_S

@@ -57,6 +57,8 @@ from trainfleet.launch.plan import (
     node_env,
 )
 from trainfleet.node import isolated
+from trainfleet.node.files import put_private
+from trainfleet.node.procs import kill_run
 from trainfleet.remote import run_on_nodes, ssh_options
 
 NODE_TABLE = "node_env.json"
@@ -300,14 +302,14 @@ def node_files_jobs(plan: DeepSpeedPlan) -> dict[str, bytes]:
     (`trainfleet.node.files.put_private`, which refuses a directory someone else made)."""
     return {
         entry.host: node_programs.line(
-            "files", "put_private", {"dir": plan.node_dir, "files": node_files(plan, node_rank)}
+            put_private, {"dir": plan.node_dir, "files": node_files(plan, node_rank)}
         )
         for node_rank, entry in enumerate(plan.node_table)
     }
 
 
 def remove_job(plan: DeepSpeedPlan) -> bytes:
-    return node_programs.line("files", "put_private", {"dir": plan.node_dir, "remove": True})
+    return node_programs.line(put_private, {"dir": plan.node_dir, "remove": True})
 
 
 _PDSH_PREFIX = re.compile(r"^([^\s:]+): (.*)$", re.DOTALL)
@@ -370,7 +372,7 @@ class DeepSpeedBackend:
         node table on every node; then the runner."""
         (run_dir / "hostfile").write_text(plan.hostfile)
         write_private(run_dir / "deepspeed_env", plan.ds_env)
-        python = {n.host: node_programs.argv(n.python, "files") for n in cluster.nodes}
+        python = {n.host: node_programs.argv(n.python, put_private) for n in cluster.nodes}
         pushed = run_on_nodes(cluster.nodes, python, stdin=node_files_jobs(plan), timeout=60)
         failed = [r for r in pushed if not r.ok]
         if failed:
@@ -384,10 +386,10 @@ class DeepSpeedBackend:
     def stop(self, plan: DeepSpeedPlan, cluster: Cluster) -> None:
         """DeepSpeed's runner stops its ranks by name (pkill -f); trainfleet then ends whatever
         still carries this run's id in its environment, and removes the run's files."""
-        procs = {n.host: node_programs.argv(n.python, "procs") for n in cluster.nodes}
-        kill = node_programs.line("procs", "kill_run", plan.options.run_id)
+        procs = {n.host: node_programs.argv(n.python, kill_run) for n in cluster.nodes}
+        kill = node_programs.line(kill_run, plan.options.run_id)
         run_on_nodes(cluster.nodes, procs, stdin=kill, timeout=30)
-        files = {n.host: node_programs.argv(n.python, "files") for n in cluster.nodes}
+        files = {n.host: node_programs.argv(n.python, put_private) for n in cluster.nodes}
         run_on_nodes(cluster.nodes, files, stdin=remove_job(plan), timeout=30)
 
 

@@ -27,6 +27,7 @@ from trainfleet.launch.plan import (
     render_plan,
 )
 from trainfleet.launch.supervisor import LIFELINE_S
+from trainfleet.node import bootstrap
 from trainfleet.remote import node_argv
 
 
@@ -74,8 +75,8 @@ class SshBackend:
                 "grace": plan.options.grace,
                 "lifeline": LIFELINE_S,
             }
-            argv = node_argv(node, node_programs.argv(node.python, "bootstrap"), multiplex=False)
-            payload = node_programs.line("bootstrap", "main", job)
+            argv = node_argv(node, node_programs.argv(node.python, bootstrap.main), multiplex=False)
+            payload = node_programs.line(bootstrap.main, job)
             channels.append(Channel(name=node.host, argv=argv, payload=payload))
         return channels
 

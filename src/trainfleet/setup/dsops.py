@@ -36,10 +36,13 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib import metadata
+from types import ModuleType
 
 from trainfleet import node as node_programs
 from trainfleet.cluster import Cluster, Node
 from trainfleet.errors import SetupError
+from trainfleet.node import dsops as node_dsops
+from trainfleet.node import files
 from trainfleet.node.dsops import cuda_tag
 from trainfleet.nodeset import fold_names
 from trainfleet.remote import run_on_nodes
@@ -57,8 +60,8 @@ RESULTS = ("built", "current", "prebuilt", "incompatible", "unknown", "failed")
 _OP = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,60}")
 _PATH = re.compile(r"/[A-Za-z0-9_./+,=@%~-]{0,4000}")
 
-ArgvFor = Callable[[str], list[str]]
-"""program name -> the argv that runs that node program with the target environment's python."""
+ArgvFor = Callable[[ModuleType], list[str]]
+"""node module -> the argv that runs that node program with the target environment's python."""
 
 
 def torch_is_cpu_only() -> bool:
@@ -146,9 +149,9 @@ def survey(cluster: Cluster, hosts: Sequence[str], argv_for: ArgvFor, target: st
     """{host: its ops' state}; a node that gives no usable answer has all of them to build."""
     nodes = [cluster.node(h) for h in hosts]
     job = {"target": target, "ops": list(ops)}
-    stdin = {h: node_programs.line("dsops", "state", {**job, "env": envs[h]}) for h in hosts}
+    stdin = {h: node_programs.line(node_dsops.state, {**job, "env": envs[h]}) for h in hosts}
     found = {}
-    for result in run_on_nodes(nodes, argv_for("dsops"), stdin=stdin, timeout=120):
+    for result in run_on_nodes(nodes, argv_for(node_dsops), stdin=stdin, timeout=120):
         try:
             found[result.node] = parse_state(result.stdout, ops)
         except ValueError:
@@ -158,8 +161,8 @@ def survey(cluster: Cluster, hosts: Sequence[str], argv_for: ArgvFor, target: st
 
 def _build(node: Node, argv_for: ArgvFor, target: str, ops: Sequence[str],
            env: dict[str, str]) -> list[Built]:  # fmt: skip
-    stdin = node_programs.line("dsops", "build", {"target": target, "ops": list(ops), "env": env})
-    [done] = run_on_nodes([node], argv_for("dsops"), stdin=stdin, timeout=COPY_TIMEOUT_S)
+    stdin = node_programs.line(node_dsops.build, {"target": target, "ops": list(ops), "env": env})
+    [done] = run_on_nodes([node], argv_for(node_dsops), stdin=stdin, timeout=COPY_TIMEOUT_S)
     built = parse_build(done.stdout, ops)
     reported = [b for b in built if b.error != "no report"]
     if not done.ok and not any(b.result == "failed" for b in reported):
@@ -196,8 +199,8 @@ def _copy(source: Node, source_root: str, node: Node, root: str, ops: Sequence[s
     if not re.fullmatch(re.escape(f"{root}/{STAGE_PREFIX}") + "[A-Za-z0-9]+", stage):
         return f"unpacking them printed {printable(stage)[-200:]!r}, not the directory it used"
     job = {"root": root, "stage": stage, "names": list(ops)}
-    stdin = node_programs.line("files", "take_staged", job)
-    [took] = run_on_nodes([node], argv_for("files"), stdin=stdin, timeout=120)
+    stdin = node_programs.line(files.take_staged, job)
+    [took] = run_on_nodes([node], argv_for(files), stdin=stdin, timeout=120)
     if not took.ok:
         return printable(took.stderr.strip())[-500:] or took.reason()
     return ""

@@ -25,6 +25,7 @@ from trainfleet import node as node_programs
 from trainfleet.cluster import Cluster
 from trainfleet.doctor.checks import network
 from trainfleet.errors import SetupError
+from trainfleet.node import files
 from trainfleet.remote import run_on_nodes
 from trainfleet.setup import verify
 from trainfleet.setup.fwstate import save_state
@@ -99,8 +100,8 @@ def _edit(cluster: Cluster, jobs: dict[str, dict]) -> tuple[dict[str, dict], lis
 
     nodes = [cluster.node(h) for h in jobs]
     sudo = sudo_prefixes(nodes)
-    argv = {h: sudo[h] + node_programs.argv(verify.PROBE_PYTHON, "files") for h in jobs}
-    stdin = {h: node_programs.line("files", "edit_hosts", job) for h, job in jobs.items()}
+    argv = {h: sudo[h] + node_programs.argv(verify.PROBE_PYTHON, files.edit_hosts) for h in jobs}
+    stdin = {h: node_programs.line(files.edit_hosts, job) for h, job in jobs.items()}
     answers, failed = {}, []
     for r in run_on_nodes(nodes, argv, stdin=stdin, timeout=TIMEOUT_S):
         answer = _answer(r.stdout, jobs[r.node]) if r.ok else None

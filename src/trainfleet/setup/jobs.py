@@ -13,19 +13,20 @@ from collections.abc import Mapping, Sequence
 from trainfleet import node as node_programs
 from trainfleet.cluster import Node
 from trainfleet.errors import SetupError
+from trainfleet.node import sshkeys
 from trainfleet.nodeset import fold_names
 from trainfleet.remote import NodeResult, run_on_nodes
 from trainfleet.setup import hostkeys, verify
 from trainfleet.untrusted import printable, valid_key
 
 JOB_TIMEOUT_S = 60
-JOB_ARGV = node_programs.argv(verify.PROBE_PYTHON, "sshkeys")
+JOB_ARGV = node_programs.argv(verify.PROBE_PYTHON, sshkeys.run)
 """A stdlib python3 reads the job from stdin: nodes need nothing else installed."""
 
 
 def job_line(job: dict) -> bytes:
     """What JOB_ARGV reads first on stdin: the trust job `job`."""
-    return node_programs.line("sshkeys", "run", job)
+    return node_programs.line(sshkeys.run, job)
 
 
 def _job_failed(results: Sequence[NodeResult]) -> SetupError:

@@ -32,12 +32,14 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 
 from trainfleet import node as node_programs
 from trainfleet.cluster import Cluster, Node, parse_cluster_yaml
 from trainfleet.cluster.validate import PATH_RE
 from trainfleet.errors import SetupError
 from trainfleet.launch.environment import launch_shell_env
+from trainfleet.node import pyenv as node_pyenv
 from trainfleet.nodeset import fold_names
 from trainfleet.remote import run_on_nodes
 from trainfleet.setup import clusteryaml, dsops, verify, wheels
@@ -143,7 +145,7 @@ def plan_node(node: NodeEnv, dists: list[Dist], *, python: str) -> tuple[list[Di
     return todo, reasons
 
 
-def _with_target_python(target: str, python: str, program: str = "pyenv") -> list[str]:
+def _with_target_python(target: str, python: str, program: ModuleType = node_pyenv) -> list[str]:
     """A node program run by TARGET's python when there is one, else by the node's python3.X,
     else python3 (`inspect` and `install` both; `dsops` once TARGET exists)."""
     pick = (
@@ -154,7 +156,7 @@ def _with_target_python(target: str, python: str, program: str = "pyenv") -> lis
 
 
 def inspect_nodes(cluster: Cluster, target: str, python: str) -> dict[str, NodeEnv]:
-    stdin = node_programs.line("pyenv", "inspect", {"target": target})
+    stdin = node_programs.line(node_pyenv.inspect, {"target": target})
     results = run_on_nodes(
         cluster.nodes, _with_target_python(target, python), stdin=stdin, timeout=60
     )
@@ -214,7 +216,7 @@ def _copy(node: Node, target: str, files: list[Path]) -> str:
 
 def _install(node: Node, target: str, python: str, names: list[str], pip: str) -> str:
     job = {"target": target, "dir": f"{target}/{WHEEL_DIR}", "wheels": names, "pip": pip}
-    stdin = node_programs.line("pyenv", "install", job)
+    stdin = node_programs.line(node_pyenv.install, job)
     [done] = run_on_nodes([node], _with_target_python(target, python), stdin=stdin,
                           timeout=COPY_TIMEOUT_S)  # fmt: skip
     if done.ok:
