@@ -157,7 +157,7 @@ def test_the_probe_behind_the_barrier_says_it_started_and_tests_only_the_peers_n
                           input=node.line(probe.main, params["a"]) + go,
                           capture_output=True, timeout=60, cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stderr.decode()
-    sheet = json.loads(proc.stdout.decode().splitlines()[-1])
+    sheet = node.read_answer(proc.stdout.decode(), probe.FactSheet, node="a")
     assert proc.stderr.decode().splitlines()[0] == f"{MARK} started"
     assert sheet["active"]["go_wait"] >= 0 and sheet["active"]["tcp"] == {}
     assert "b" not in sheet["active"].get("shared", {})
