@@ -354,7 +354,8 @@ def test_a_rank_waiting_for_a_jit_build_lock_says_so_and_its_joins_are_still_see
 
 
 def _node_files(directory: Path) -> subprocess.CompletedProcess:
-    job = {"dir": str(directory), "files": {"shim.py": "print('ours')\n", "node_env.json": "[]"}}
+    job = files.PrivateJob(dir=str(directory), remove=False,
+                           files={"shim.py": "print('ours')\n", "node_env.json": "[]"})  # fmt: skip
     return subprocess.run(
         node.argv(sys.executable, files),
         input=node.line(files.put_private, job).decode(),

@@ -81,12 +81,12 @@ def test_what_a_module_needs_is_shipped_with_it_dependencies_first():
     assert set(order) == {"answer", "system", "network", "software", "peers", "jitlocks", "probe"}
     assert node.needs("collective") == ("stack_imports", "collective")
     assert order.index("system") < order.index("network")
-    assert node.needs("files") == ("files",)
+    assert node.needs("files") == ("answer", "files")
 
 
 def test_a_shipped_program_runs_its_function_and_exits_with_its_code(tmp_path):
     directory = tmp_path / "run"
-    job = {"dir": str(directory), "files": {"a.txt": "x"}}
+    job = files.PrivateJob(dir=str(directory), files={"a.txt": "x"}, remove=False)
     argv, line = node.argv(sys.executable, files), node.line(files.put_private, job)
     done = subprocess.run(argv, input=line, capture_output=True, check=False)
     assert done.returncode == 0 and (directory / "a.txt").read_text() == "x"
@@ -96,7 +96,7 @@ def test_a_shipped_program_runs_its_function_and_exits_with_its_code(tmp_path):
 
 
 def test_a_node_programs_traceback_shows_its_own_file_and_line():
-    broken = node.line(files.put_private, {"files": {}})  # no "dir"
+    broken = node.line(files.put_private, {"files": {}, "remove": False})  # no "dir"
     done = subprocess.run(node.argv(sys.executable, files), input=broken, capture_output=True,
                           check=False)  # fmt: skip
     err = done.stderr.decode()
@@ -201,7 +201,9 @@ def test_no_program_trainfleet_starts_imports_from_the_directory_it_starts_in(tm
     from trainfleet.setup import wheels
 
     marks = _plant(tmp_path)
-    line = node.line(files.put_private, {"dir": str(tmp_path / "run"), "files": {"a": "x"}})
+    line = node.line(
+        files.put_private, {"dir": str(tmp_path / "run"), "files": {"a": "x"}, "remove": False}
+    )
     loaded = subprocess.run(node.argv(sys.executable, files), input=line, cwd=tmp_path,
                             capture_output=True, check=False)  # fmt: skip
     assert loaded.returncode == 0, loaded.stderr

@@ -333,4 +333,5 @@ def test_take_staged_takes_only_a_stage_it_was_made_for(tmp_path, capsys):
     assert files.take_staged({**job, "stage": str(stage)}) == 3
     stage.chmod(0o700)
     assert files.take_staged({**job, "stage": str(stage), "names": ["..", "fused_adam"]}) == 0
-    assert capsys.readouterr().out.strip() == '["fused_adam"]' and not stage.exists()
+    said = node_programs.read_answer(capsys.readouterr().out, files.StagedAnswer, node="here")
+    assert said == {"taken": ["fused_adam"]} and not stage.exists()

@@ -92,7 +92,8 @@ def test_the_prune_removes_exactly_what_this_machine_does_not_have(tmp_path):
         text=True,
         check=True,
     )
-    assert done.stdout.strip() == "3"  # stale.py, old/x.py, old/
+    said = node.read_answer(done.stdout, files.PruneAnswer, node="here")
+    assert said == {"removed": 3}  # stale.py, old/x.py, old/
     left = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
     assert left == ["outputs", "outputs/ckpt.bin", "pkg", "pkg/m.py", "train.py"]
 

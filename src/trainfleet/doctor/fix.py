@@ -305,8 +305,16 @@ def render_plan(plan: FixPlan) -> str:
     return "\n".join(lines)
 
 
+def _appended(stdout: str, host: str) -> str:
+    """How many lines `files.append_lines` says it added on `host`, or why it said nothing."""
+    try:
+        return str(node_programs.read_answer(stdout, files.AppendAnswer, node=host)["added"])
+    except NodeAnswerError as exc:
+        return f"failed: {exc.problem}"
+
+
 def _append_here(path: str, lines: list[str]) -> str:
-    job = node_programs.line(files.append_lines, {"file": path, "lines": lines})
+    job = node_programs.line(files.append_lines, files.AppendJob(file=path, lines=lines))
     done = subprocess.run(
         node_programs.argv(sys.executable, files.append_lines),
         input=job,
@@ -314,7 +322,9 @@ def _append_here(path: str, lines: list[str]) -> str:
         check=False,
     )
     err = done.stderr.decode(errors="replace").strip()
-    return done.stdout.decode().strip() if done.returncode == 0 else f"failed: {err}"
+    if done.returncode != 0:
+        return f"failed: {err}"
+    return _appended(done.stdout.decode(), THIS_MACHINE)
 
 
 def apply_plan(plan: FixPlan, cluster: Cluster) -> list[str]:
@@ -325,14 +335,16 @@ def apply_plan(plan: FixPlan, cluster: Cluster) -> list[str]:
             outcome = _append_here(fix.known_hosts, fix.lines)
         else:
             node = cluster.node(fix.target)
-            job = {"file": fix.known_hosts, "lines": fix.lines}
+            job = files.AppendJob(file=fix.known_hosts, lines=fix.lines)
             [result] = run_on_nodes(
                 [node],
                 node_programs.argv(node.python, files.append_lines),
                 stdin=node_programs.line(files.append_lines, job),
                 timeout=30,
             )
-            outcome = result.stdout.strip() if result.ok else f"failed: {result.reason()}"
+            outcome = (
+                _appended(result.stdout, node.host) if result.ok else f"failed: {result.reason()}"
+            )
         done.append(f"{fix.target}: {fix.known_hosts}: {outcome} line(s) added for {fix.name}")
     if plan.interfaces:
         fix = plan.interfaces

@@ -302,14 +302,15 @@ def node_files_jobs(plan: DeepSpeedPlan) -> dict[str, bytes]:
     (`trainfleet.node.files.put_private`, which refuses a directory someone else made)."""
     return {
         entry.host: node_programs.line(
-            put_private, {"dir": plan.node_dir, "files": node_files(plan, node_rank)}
+            put_private,
+            {"dir": plan.node_dir, "files": node_files(plan, node_rank), "remove": False},
         )
         for node_rank, entry in enumerate(plan.node_table)
     }
 
 
 def remove_job(plan: DeepSpeedPlan) -> bytes:
-    return node_programs.line(put_private, {"dir": plan.node_dir, "remove": True})
+    return node_programs.line(put_private, {"dir": plan.node_dir, "files": {}, "remove": True})
 
 
 _PDSH_PREFIX = re.compile(r"^([^\s:]+): (.*)$", re.DOTALL)

@@ -198,7 +198,7 @@ def _copy(source: Node, source_root: str, node: Node, root: str, ops: Sequence[s
     stage = (ended.extracted_out.splitlines() or [""])[-1]
     if not re.fullmatch(re.escape(f"{root}/{STAGE_PREFIX}") + "[A-Za-z0-9]+", stage):
         return f"unpacking them printed {printable(stage)[-200:]!r}, not the directory it used"
-    job = {"root": root, "stage": stage, "names": list(ops)}
+    job = files.StagedJob(root=root, stage=stage, names=list(ops))
     stdin = node_programs.line(files.take_staged, job)
     [took] = run_on_nodes([node], argv_for(files), stdin=stdin, timeout=120)
     if not took.ok:

@@ -156,7 +156,7 @@ def _tar_copy(node: Node, directory: str, excludes: Sequence[str]) -> str:
         return f"tar here: {create_err.strip()}"
     if extract.returncode != 0:
         return extract_err.decode(errors="replace").strip() or f"exit {extract.returncode}"
-    job = {"root": directory, "keep": keep, "excludes": list(excludes)}
+    job = node_files.PruneJob(root=directory, keep=keep, excludes=list(excludes))
     prune = node_programs.line(node_files.prune, job)
     argv = node_programs.argv("python3", node_files.prune)
     [pruned] = run_on_nodes([node], argv, stdin=prune, timeout=120)
