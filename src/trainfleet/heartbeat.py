@@ -42,6 +42,8 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import IO, Any
 
+from trainfleet.node.shim import RUN_ID_ENV
+
 MARK = "@@trainfleet"  # the shim's; the launcher reads both
 STEPPING_PHASES = (None, "training")
 """Phases in which a rank beats at every step; before the first such beat a phase is startup
@@ -62,7 +64,7 @@ def beat(
     run_id: str | None = None,
     rank: int | None = None,
 ) -> None:
-    run_id = run_id or os.environ.get("TRAINFLEET_RUN_ID")
+    run_id = run_id or os.environ.get(RUN_ID_ENV)
     if not run_id:
         return
     rank = rank if rank is not None else int(os.environ.get("RANK", "0"))

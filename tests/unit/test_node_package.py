@@ -221,3 +221,18 @@ def test_no_program_trainfleet_starts_imports_from_the_directory_it_starts_in(tm
     plain = [sys.executable, "-c", "import base64, json"]
     subprocess.run(plain, cwd=tmp_path, check=True)
     assert sorted(p.name for p in marks.iterdir()) == ["base64", "json"]
+
+
+def test_the_rank_contracts_variable_names_are_written_only_in_the_shim():
+    """TRAINFLEET_RUN_ID and the others: the launch side sets them through shim's constants."""
+    from trainfleet.node import shim
+
+    names = {shim.RUN_ID_ENV, shim.RESTART_ENV, shim.LOCAL_RANK_ARG_ENV, shim.NO_PYTHON_ENV}
+    found = []
+    for path in sorted(SRC.rglob("*.py")):
+        if path == PACKAGE_DIR / "shim.py":
+            continue
+        for constant in ast.walk(ast.parse(path.read_text())):
+            if isinstance(constant, ast.Constant) and constant.value in names:
+                found.append(f"{path.relative_to(SRC)}:{constant.lineno}")
+    assert found == []

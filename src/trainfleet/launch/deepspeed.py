@@ -56,7 +56,7 @@ from trainfleet.launch.plan import (
     master_port,
     node_env,
 )
-from trainfleet.node import isolated
+from trainfleet.node import isolated, shim
 from trainfleet.node.files import put_private
 from trainfleet.node.procs import kill_run
 from trainfleet.remote import run_on_nodes, ssh_options
@@ -187,15 +187,15 @@ def plan_deepspeed(
     node_dir = f"/tmp/trainfleet-{options.run_id}"
     no_gpus = all(facts.get(n.host, LaunchFacts()).gpus == 0 for n in cluster.nodes)
     ds_env = {
-        "TRAINFLEET_RUN_ID": options.run_id,
-        "TRAINFLEET_RESTART": str(options.restart),
+        shim.RUN_ID_ENV: options.run_id,
+        shim.RESTART_ENV: str(options.restart),
         "TRAINFLEET_NODE_ENV": f"{node_dir}/{NODE_TABLE}",
         # DeepSpeed's launcher passes --local_rank itself; the shim passes it on.
-        "TRAINFLEET_LOCAL_RANK_ARG": "never",
+        shim.LOCAL_RANK_ARG_ENV: "never",
         # DeepSpeed's launcher gives a node's ranks one stdout: the shim prefixes each line
         # with its local rank, as torchrun does, so that lines can be told apart.
         "TRAINFLEET_PREFIX_OUTPUT": "1",
-        **({"TRAINFLEET_NO_PYTHON": "1"} if options.no_python else {}),
+        **({shim.NO_PYTHON_ENV: "1"} if options.no_python else {}),
         **({"DS_ACCELERATOR": "cpu"} if no_gpus else {}),
     }
     # The runner reads DS_ENV_FILE's name under ~ and under the launch directory: an absolute

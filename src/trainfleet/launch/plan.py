@@ -22,7 +22,7 @@ from trainfleet.doctor.checks.network import LOOKUP_OPTIONS
 from trainfleet.launch import environment
 from trainfleet.launch.environment import EnvBuilder
 from trainfleet.launch.masking import masked, masked_argv
-from trainfleet.node import isolated
+from trainfleet.node import isolated, shim
 
 if TYPE_CHECKING:
     from trainfleet.launch.deepspeed import DeepSpeedPlan
@@ -244,10 +244,10 @@ def plan_launch(
         notes += env_notes
         env.update(
             {
-                "TRAINFLEET_RUN_ID": options.run_id,
-                "TRAINFLEET_RESTART": str(options.restart),
-                "TRAINFLEET_LOCAL_RANK_ARG": options.local_rank_arg,
-                **({"TRAINFLEET_NO_PYTHON": "1"} if options.no_python else {}),
+                shim.RUN_ID_ENV: options.run_id,
+                shim.RESTART_ENV: str(options.restart),
+                shim.LOCAL_RANK_ARG_ENV: options.local_rank_arg,
+                **({shim.NO_PYTHON_ENV: "1"} if options.no_python else {}),
             },
             environment.TRAINFLEET,
         )
