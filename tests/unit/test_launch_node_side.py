@@ -32,7 +32,8 @@ def _start(argv, run_id="t1", **job_fields) -> subprocess.Popen:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
-    job = {"run_id": run_id, "cwd": None, "env": {}, "argv": argv, "shim": "", "grace": 2}
+    job = bootstrap.BootstrapJob(run_id=run_id, cwd=None, env={}, argv=argv, shim="", grace=2,
+                                 lifeline=0)  # fmt: skip
     job.update(job_fields)
     proc.stdin.write(node.line(bootstrap.main, job))
     proc.stdin.flush()

@@ -66,7 +66,7 @@ class SshBackend:
         channels = []
         for node_plan in plan.nodes:
             node = cluster.node(node_plan.host)
-            job = {
+            job: bootstrap.BootstrapJob = {
                 "run_id": plan.options.run_id,
                 "cwd": node_plan.cwd,
                 "env": node_plan.env,
