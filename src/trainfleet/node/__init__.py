@@ -38,6 +38,7 @@ stderr, the bootstrap's and porthold's streams) are not answers.
     dsops       `setup pyenv`'s DeepSpeed ops: built for the environment or not; building them
     collective  doctor's stack phase: torch imported once, then a real all_reduce
     porthold    a port held on purpose (the sandbox's `port-in-use` fault)
+    answer      a job's answer: one marked line on stdout (`answer.send`)
     isolated    Python started without the current directory on sys.path
 """
 

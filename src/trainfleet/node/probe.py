@@ -1,4 +1,4 @@
-"""The node probe: doctor's one program on each node; prints one JSON fact sheet.
+"""The node probe: doctor's one program on each node; sends one FactSheet (`answer.send`).
 
 It never imports trainfleet outside this package: a node needs only python3 for doctor. In one
 run it gathers facts (names, interfaces, routes, listeners, firewall, limits, memory, disk,
