@@ -44,3 +44,17 @@ class SetupError(TrainfleetError):
 
 class ClusterFileError(TrainfleetError):
     """A change to cluster.yaml that cannot be made safely; the file is left as it was."""
+
+
+class NodeAnswerError(TrainfleetError):
+    """A node job's answer (`trainfleet.node.read_answer`) is missing or is not what the job
+    answers: something on the node printed in its place, or the job died first."""
+
+    def __init__(self, node: str, answer: str, problem: str) -> None:
+        self.node = node
+        self.problem = problem
+        super().__init__(
+            f"{node}: no {answer} came back ({problem})",
+            f"see what answers on {node} (`trainfleet exec -- python3 --version`): a wrapper or "
+            "a profile script may print in its place, and its errors are on stderr",
+        )

@@ -42,6 +42,8 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import IO, Any
 
+from trainfleet.node.shim import RUN_ID_ENV
+
 HANG_TIMEOUT_S = 300.0
 """The default of `--hang-timeout` on `trainfleet launch` and `trainfleet train`: seconds
 without a step (or a phase's progress) after the first step before a run is HUNG. Only a run
@@ -66,7 +68,7 @@ def beat(
     run_id: str | None = None,
     rank: int | None = None,
 ) -> None:
-    run_id = run_id or os.environ.get("TRAINFLEET_RUN_ID")
+    run_id = run_id or os.environ.get(RUN_ID_ENV)
     if not run_id:
         return
     rank = rank if rank is not None else int(os.environ.get("RANK", "0"))

@@ -16,15 +16,16 @@ import copy
 import dataclasses
 import functools
 import json
+import random
 import types
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import pytest
 
-from trainfleet.cluster import parse_cluster_yaml
+from trainfleet.cluster import load_cluster, parse_cluster_yaml
 from trainfleet.doctor.checks import software
-from trainfleet.doctor.collect import Survey
+from trainfleet.doctor.collect import Survey, plan_params
 from trainfleet.doctor.facts import NodeFacts, parse_fact_sheet
 from trainfleet.doctor.findings import Finding, Severity
 from trainfleet.node import probe
@@ -35,6 +36,18 @@ NODES = ("gpu-node-1", "gpu-node-2", "gpu-node-3")
 MASTER = "gpu-node-1"
 MASTER_ADDR = "10.213.207.11"
 IFACE = {"gpu-node-1": "ens14f0", "gpu-node-2": "ens14f1", "gpu-node-3": "ens14f2"}
+
+
+def probe_params(**given) -> probe.ProbeParams:
+    """The probe parameters `plan_params` makes for a one-node cluster `solo` at 127.0.0.1
+    (quick, not behind the barrier, master name `localhost`), with `given` in their place: a
+    test names what it is about, the probe still gets every key."""
+    params, _ = plan_params(
+        load_cluster(hosts="solo"), {"solo": "127.0.0.1"}, quick=True, rng=random.Random(0)
+    )
+    return probe.ProbeParams(
+        **{**params["solo"], "barrier": False, "master_name": "localhost", **given}
+    )
 
 
 @functools.cache

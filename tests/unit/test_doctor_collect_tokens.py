@@ -5,15 +5,16 @@ left the directories in the launch directory (three were once committed to this 
 from __future__ import annotations
 
 import importlib
-import json
 import random
 import subprocess
 import sys
 
 import pytest
+from doctor_fixtures import probe_params
 
 from trainfleet import node
 from trainfleet.cluster import load_cluster
+from trainfleet.node import probe
 from trainfleet.remote import Failure, NodeResult
 
 # The module, not the function trainfleet.doctor exports under the same name.
@@ -50,24 +51,22 @@ def test_tokens_are_removed_wherever_the_probe_ran(monkeypatch, tmp_path):
 def _probe_with_itself_as_peer(workdir, **extra):
     """A one-node probe that lists itself among its peers, so it writes its shared-storage
     token unless told not to."""
-    params = {
-        "node": "solo",
-        "run_id": "r2",
-        "workdir": str(workdir),
-        "peers": [{"node": "solo", "address": "127.0.0.1", "ports": [], "ssh_argv": None}],
-        "quick": True,
-        "connect_timeout": 1,
-        "skew": 0,
+    params = probe_params(
+        run_id="r2",
+        workdir=str(workdir),
+        peers=[{"node": "solo", "address": "127.0.0.1", "ports": [], "ssh_argv": None}],
+        connect_timeout=1,
+        skew=0,
         **extra,
-    }
+    )
     proc = subprocess.run(
-        node.argv(sys.executable, "probe"),
-        input=node.line("probe", "main", params),
+        node.argv(sys.executable, probe),
+        input=node.line(probe.main, params),
         capture_output=True,
         timeout=60,
     )
     assert proc.returncode == 0, proc.stderr.decode()
-    return json.loads(proc.stdout.decode().splitlines()[-1])["active"]
+    return node.read_answer(proc.stdout.decode(), probe.FactSheet, node="solo")["active"]
 
 
 def test_a_read_only_probe_writes_no_token_where_a_plain_one_does(tmp_path):

@@ -14,6 +14,8 @@ from doctor_fixtures import make_survey, reparsed, sheets_of
 
 from trainfleet import node
 from trainfleet.doctor import collective
+from trainfleet.node import collective as node_collective
+from trainfleet.node.answer import MARK
 from trainfleet.remote import Failure, NodeResult
 
 pytestmark = pytest.mark.unit
@@ -48,7 +50,8 @@ IMPORTED = {"torch": "2.13.0+cpu", "torch_distributed": True, "gloo": True, "sec
 
 def _result(node, rc, stderr, *reports, failure=None):
     failure = failure or (Failure.NONE if rc == 0 else Failure.COMMAND_FAILED)
-    stdout = "".join(json.dumps(r) + "\n" for r in reports)
+    steps = [{"step": step, "report": said} for r in reports for step, said in r.items()]
+    stdout = "".join(MARK + json.dumps(s) + "\n" for s in steps)
     return NodeResult(
         node=node, returncode=rc, stdout=stdout, stderr=stderr, duration_s=1.0, failure=failure
     )
@@ -160,13 +163,13 @@ def test_a_node_whose_import_fails_or_hangs_is_reported_by_the_checks(tmp_path, 
 
 def test_the_node_side_reports_its_imports_and_skips_the_all_reduce_when_told():
     """The real node program, in this interpreter's environment (torch installed here)."""
-    argv = node.argv(sys.executable, "collective")
-    done = subprocess.run(argv, input=node.line("collective", "run", {"all_reduce": None}),
+    argv = node.argv(sys.executable, node_collective.run)
+    done = subprocess.run(argv, input=node.line(node_collective.run, {"all_reduce": None}),
                           capture_output=True, check=False, timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr
     # DeepSpeed may print to stdout when something imports it; the report is its own line
-    [report] = [json.loads(x)["imports"] for x in done.stdout.decode().splitlines()
-                if x.startswith('{"imports"')]  # fmt: skip
+    said = node.read_answers(done.stdout.decode(), node_collective.StepReport, node="here")
+    [report] = [s["report"] for s in said if s["step"] == "imports"]
     import torch
 
     assert report["torch"] == torch.__version__ and report["gloo"] is True

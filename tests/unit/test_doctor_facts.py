@@ -14,7 +14,7 @@ import sys
 from collections.abc import Mapping
 
 import pytest
-from doctor_fixtures import NODES, facts_of, make_survey, recorded_sheets, window
+from doctor_fixtures import NODES, facts_of, make_survey, probe_params, recorded_sheets, window
 
 from trainfleet import node
 from trainfleet.cluster import load_cluster
@@ -28,7 +28,7 @@ from trainfleet.doctor.facts import (
     parse_fact_sheet,
     read_fact_sheet,
 )
-from trainfleet.node import probe
+from trainfleet.node import answer, probe
 from trainfleet.remote import Failure, NodeResult
 
 # The module, not the function trainfleet.doctor exports under the same name.
@@ -78,9 +78,9 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _full_probe_sheet(tmp_path) -> dict:
+def _full_probe_sheet(tmp_path) -> str:
     """This machine's full probe: a peer `other` (this machine again) that it connects and
-    streams to, the master port it owns, a torch JIT lock under its extensions dir."""
+    streams to, the master port it owns, a torch JIT lock under its extensions dir; its stdout."""
     workdir, lock = tmp_path / "code", tmp_path / "ext" / "fused_adam" / "lock"
     workdir.mkdir()
     (workdir / "train.py").write_text("print('hi')\n")
@@ -88,38 +88,37 @@ def _full_probe_sheet(tmp_path) -> dict:
     lock.touch()
     port = _free_port()
     here = {"address": "127.0.0.1", "ports": [port], "ssh_argv": None}
-    params = {
-        "node": "solo",
-        "run_id": "facts",
-        "master_name": "localhost",
-        "master_addr": "127.0.0.1",
-        "workdir": str(workdir),
-        "listen_ports": [port],
-        "owner_ports": [port],
-        "client_addresses": ["127.0.0.1"],
-        "peers": [{"node": "solo", **here}, {"node": "other", **here}],
-        "quick": False,
-        "extensions_dir": str(tmp_path / "ext"),
-        "connect_timeout": 2,
-        "skew": 0,
-        "import_timeout": 60,
-        "bandwidth_to": {"node": "other", "address": "127.0.0.1", "port": port},
-        "bandwidth_from": True,
-        "bandwidth_seconds": 0.2,
-    }
+    params = probe_params(
+        run_id="facts",
+        workdir=str(workdir),
+        listen_ports=[port],
+        owner_ports=[port],
+        client_addresses=["127.0.0.1"],
+        peers=[{"node": "solo", **here}, {"node": "other", **here}],
+        test_peers=["solo", "other"],
+        inbound=1,  # "other" is this probe at the same port
+        quick=False,
+        extensions_dir=str(tmp_path / "ext"),
+        connect_timeout=2,
+        skew=0,
+        bandwidth_to={"node": "other", "address": "127.0.0.1", "port": port},
+        bandwidth_from=True,
+        bandwidth_seconds=0.2,
+    )
     proc = subprocess.run(
-        node.argv(sys.executable, "probe"),
-        input=node.line("probe", "main", params),
+        node.argv(sys.executable, probe),
+        input=node.line(probe.main, params),
         capture_output=True,
         timeout=120,
     )
     assert proc.returncode == 0, proc.stderr.decode()
-    return json.loads(proc.stdout.decode().splitlines()[-1])
+    return proc.stdout.decode()
 
 
 def test_a_real_probe_sheet_parses_with_nothing_lost(tmp_path):
-    sheet = _full_probe_sheet(tmp_path)
-    facts = read_fact_sheet(f"a login banner\n{json.dumps(sheet)}\n", node="solo")
+    stdout = _full_probe_sheet(tmp_path)
+    sheet = node.read_answer(stdout, probe.FactSheet, node="solo")
+    facts = read_fact_sheet(f"a login banner\n{stdout}", node="solo")
     assert _lost(sheet, facts) == []
     # the parts the checks read, present in this run (not only "nothing lost" of an empty sheet)
     assert facts.hostname == socket.gethostname() and facts.hostname in facts.resolve
@@ -164,10 +163,11 @@ def test_a_node_answering_with_another_version_fails_in_the_survey_with_the_fix(
     """collect parses each answer once: a sheet it cannot read makes the node a failed one,
     reported as doctor reports a crashed probe (not examined, the reason and its fix)."""
     cluster = load_cluster(hosts="a,b,c")
-    good = recorded_sheets()["gpu-node-1"]
+    # recorded before client_names, jit_locks and resolver: null where a probe sends them now
+    good = {**dict.fromkeys(probe.FactSheet.__required_keys__), **recorded_sheets()["gpu-node-1"]}
     answers = {
-        "a": json.dumps(good),
-        "b": json.dumps({**good, "probe_version": probe.PROBE_VERSION + 1}),
+        "a": answer.MARK + json.dumps(good),
+        "b": answer.MARK + json.dumps({**good, "probe_version": probe.PROBE_VERSION + 1}),
         "c": "Welcome!\n",
     }
 
@@ -196,7 +196,7 @@ def test_a_node_answering_with_another_version_fails_in_the_survey_with_the_fix(
         version.reason()
     )
     assert "nothing on b" in version.reason()
-    assert "c's probe printed no fact sheet" in survey.failed["c"].reason()
+    assert "c's probe sent no fact sheet (it printed no answer line)" in survey.failed["c"].reason()
     summaries = node_summaries(survey)
     assert summaries["b"].reachable is False and "probe version" in summaries["b"].failure
 

@@ -16,6 +16,7 @@ from trainfleet import node
 from trainfleet.cluster import load_cluster
 from trainfleet.doctor.collect import go_lines, plan_params, strip_marks
 from trainfleet.doctor.pace import STALL_S, START_GAP_S, Pace
+from trainfleet.node import probe
 from trainfleet.node.probe import MARK
 from trainfleet.remote import NodeResult, Watch, run_on_nodes
 from trainfleet.remote.failures import Failure
@@ -152,11 +153,11 @@ def test_the_probe_behind_the_barrier_says_it_started_and_tests_only_the_peers_n
                             rng=random.Random(2))  # fmt: skip
     params["a"]["workdir"] = str(tmp_path)  # its shared-storage token goes there
     go = json.dumps({"peers": ["a"], "inbound": 0, "bandwidth_from": False}).encode() + b"\n"
-    proc = subprocess.run(node.argv(sys.executable, "probe"),
-                          input=node.line("probe", "main", params["a"]) + go,
+    proc = subprocess.run(node.argv(sys.executable, probe),
+                          input=node.line(probe.main, params["a"]) + go,
                           capture_output=True, timeout=60, cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stderr.decode()
-    sheet = json.loads(proc.stdout.decode().splitlines()[-1])
+    sheet = node.read_answer(proc.stdout.decode(), probe.FactSheet, node="a")
     assert proc.stderr.decode().splitlines()[0] == f"{MARK} started"
     assert sheet["active"]["go_wait"] >= 0 and sheet["active"]["tcp"] == {}
     assert "b" not in sheet["active"].get("shared", {})

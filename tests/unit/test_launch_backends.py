@@ -32,7 +32,7 @@ from trainfleet.launch.backends.deepspeed import (
 from trainfleet.launch.options import LaunchFacts, LaunchOptions
 from trainfleet.launch.output import MergedOutput
 from trainfleet.launch.runfacts import RunFacts
-from trainfleet.node import shim
+from trainfleet.node import files, shim
 from trainfleet.remote.failures import Failure, NodeResult
 
 pytestmark = pytest.mark.unit
@@ -188,7 +188,7 @@ def _started(plan: DeepSpeedPlan, tmp_path: Path, monkeypatch) -> tuple[Channel,
 
 def _put_node_files(job: bytes) -> None:
     """Runs a node's files job here, as the node runs it."""
-    done = subprocess.run(node.argv(sys.executable, "files"), input=job, capture_output=True)
+    done = subprocess.run(node.argv(sys.executable, files), input=job, capture_output=True)
     assert done.returncode == 0, done.stderr
 
 

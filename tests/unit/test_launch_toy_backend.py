@@ -29,6 +29,7 @@ from trainfleet.launch import backends
 from trainfleet.launch.backend import Channel, StopBy, head_line
 from trainfleet.launch.options import LaunchFacts, LaunchOptions
 from trainfleet.launch.supervisor import LIFELINE_S
+from trainfleet.node import bootstrap
 
 pytestmark = pytest.mark.unit
 
@@ -157,7 +158,7 @@ class ToyBackend:
                     Channel(name=n.host, argv=argv, stop_by=StopBy.SIGINT, cwd=plan.cwd, env=env)
                 )
                 continue
-            job = {
+            job: bootstrap.BootstrapJob = {
                 "run_id": plan.options.run_id,
                 "cwd": plan.cwd,
                 "env": n.env,
@@ -166,10 +167,10 @@ class ToyBackend:
                 "grace": plan.options.grace,
                 "lifeline": LIFELINE_S,
             }
-            bootstrap = node_programs.argv(sys.executable, "bootstrap")
-            payload = node_programs.line("bootstrap", "main", job)
+            argv = node_programs.argv(sys.executable, bootstrap.main)
+            payload = node_programs.line(bootstrap.main, job)
             channels.append(
-                Channel(name=n.host, argv=bootstrap, payload=payload, stop_by=StopBy.CLOSING_STDIN)
+                Channel(name=n.host, argv=argv, payload=payload, stop_by=StopBy.CLOSING_STDIN)
             )
         return channels
 

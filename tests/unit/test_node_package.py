@@ -4,6 +4,7 @@ one way; and no Python is left in string literals elsewhere."""
 from __future__ import annotations
 
 import ast
+import json
 import os
 import subprocess
 import sys
@@ -12,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from trainfleet import node
+from trainfleet.errors import NodeAnswerError
+from trainfleet.node import files, jitlocks, procs
 
 pytestmark = pytest.mark.unit
 
@@ -75,16 +78,16 @@ def test_no_annotation_that_python_3_8_cannot_evaluate(name):
 def test_what_a_module_needs_is_shipped_with_it_dependencies_first():
     assert node.needs("probe")[-1] == "probe"
     order = node.needs("probe")
-    assert set(order) == {"system", "network", "software", "peers", "jitlocks", "probe"}
-    assert node.needs("collective") == ("stack_imports", "collective")
+    assert set(order) == {"answer", "system", "network", "software", "peers", "jitlocks", "probe"}
+    assert node.needs("collective") == ("answer", "stack_imports", "collective")
     assert order.index("system") < order.index("network")
-    assert node.needs("files") == ("files",)
+    assert node.needs("files") == ("answer", "files")
 
 
 def test_a_shipped_program_runs_its_function_and_exits_with_its_code(tmp_path):
     directory = tmp_path / "run"
-    job = {"dir": str(directory), "files": {"a.txt": "x"}}
-    argv, line = node.argv(sys.executable, "files"), node.line("files", "put_private", job)
+    job = files.PrivateJob(dir=str(directory), files={"a.txt": "x"}, remove=False)
+    argv, line = node.argv(sys.executable, files), node.line(files.put_private, job)
     done = subprocess.run(argv, input=line, capture_output=True, check=False)
     assert done.returncode == 0 and (directory / "a.txt").read_text() == "x"
     os.chmod(directory, 0o777)  # another user could write it now: refused, exit 3
@@ -93,8 +96,8 @@ def test_a_shipped_program_runs_its_function_and_exits_with_its_code(tmp_path):
 
 
 def test_a_node_programs_traceback_shows_its_own_file_and_line():
-    broken = node.line("files", "put_private", {"files": {}})  # no "dir"
-    done = subprocess.run(node.argv(sys.executable, "files"), input=broken, capture_output=True,
+    broken = node.line(files.put_private, {"files": {}, "remove": False})  # no "dir"
+    done = subprocess.run(node.argv(sys.executable, files), input=broken, capture_output=True,
                           check=False)  # fmt: skip
     err = done.stderr.decode()
     assert done.returncode == 1 and "KeyError: 'dir'" in err
@@ -104,11 +107,53 @@ def test_a_node_programs_traceback_shows_its_own_file_and_line():
 
 def test_stdin_after_the_program_line_is_the_programs_own():
     """The bootstrap's lifeline: the loader reads one line and leaves the rest."""
-    line = node.line("procs", "dump_stacks", [f"0={os.getpid()}"])
-    argv = node.argv(sys.executable, "procs")
+    line = node.line(procs.dump_stacks, [f"0={os.getpid()}"])
+    argv = node.argv(sys.executable, procs)
     done = subprocess.run(argv, input=line + b"more\n", capture_output=True, check=True)
     out = done.stdout.decode()
     assert out.startswith(f"@@rank 0 pid {os.getpid()}\nState:\t")
+
+
+def test_a_call_names_a_node_function_never_another_one():
+    assert node.argv("python3", files)[-1] == node.argv("python3", files.prune)[-1]
+    with pytest.raises(ValueError, match="not a node program"):
+        node.line(json.dumps, {})
+
+    def prune(job):  # says it is files.prune, but is not the module's
+        return job
+
+    prune.__module__ = files.__name__
+    with pytest.raises(ValueError, match="prune is not a function of trainfleet.node.files"):
+        node.line(prune, {})
+
+
+def test_a_job_answers_in_one_marked_line_that_read_answer_takes_back(tmp_path):
+    lock = tmp_path / "op" / "lock"
+    lock.parent.mkdir()
+    lock.touch()  # fresh: kept
+    job = jitlocks.RemoveJob(paths=[str(lock)], extensions_dir=str(tmp_path))
+    argv, line = node.argv(sys.executable, jitlocks), node.line(jitlocks.remove_main, job)
+    done = subprocess.run(argv, input=line, capture_output=True, check=True)
+    answer = node.read_answer("motd\n" + done.stdout.decode(), jitlocks.RemoveAnswer, node="n1")
+    assert list(answer["outcome"]) == [str(lock)] and answer["outcome"][str(lock)].startswith(
+        "kept"
+    )
+
+
+@pytest.mark.parametrize(
+    ("stdout", "problem"),
+    [
+        ("{}\n", "it printed no answer line"),
+        ("@@trainfleet-answer {\n", "its answer line is not JSON"),
+        ("@@trainfleet-answer []\n", "its answer is not an object"),
+        ("@@trainfleet-answer {}\n", "no ['outcome']"),
+    ],
+)
+def test_a_missing_or_malformed_answer_is_an_error_naming_the_node(stdout, problem):
+    with pytest.raises(NodeAnswerError) as caught:
+        node.read_answer(stdout, jitlocks.RemoveAnswer, node="gpu-node-2")
+    assert caught.value.node == "gpu-node-2" and caught.value.problem == problem
+    assert str(caught.value).startswith("gpu-node-2: no RemoveAnswer came back")
 
 
 def _python_like(text: str) -> bool:
@@ -156,8 +201,10 @@ def test_no_program_trainfleet_starts_imports_from_the_directory_it_starts_in(tm
     from trainfleet.setup import wheels
 
     marks = _plant(tmp_path)
-    line = node.line("files", "put_private", {"dir": str(tmp_path / "run"), "files": {"a": "x"}})
-    loaded = subprocess.run(node.argv(sys.executable, "files"), input=line, cwd=tmp_path,
+    line = node.line(
+        files.put_private, {"dir": str(tmp_path / "run"), "files": {"a": "x"}, "remove": False}
+    )
+    loaded = subprocess.run(node.argv(sys.executable, files), input=line, cwd=tmp_path,
                             capture_output=True, check=False)  # fmt: skip
     assert loaded.returncode == 0, loaded.stderr
     assert (tmp_path / "run" / "a").read_text() == "x"
@@ -174,3 +221,18 @@ def test_no_program_trainfleet_starts_imports_from_the_directory_it_starts_in(tm
     plain = [sys.executable, "-c", "import base64, json"]
     subprocess.run(plain, cwd=tmp_path, check=True)
     assert sorted(p.name for p in marks.iterdir()) == ["base64", "json"]
+
+
+def test_the_rank_contracts_variable_names_are_written_only_in_the_shim():
+    """TRAINFLEET_RUN_ID and the others: the launch side sets them through shim's constants."""
+    from trainfleet.node import shim
+
+    names = {shim.RUN_ID_ENV, shim.RESTART_ENV, shim.LOCAL_RANK_ARG_ENV, shim.NO_PYTHON_ENV}
+    found = []
+    for path in sorted(SRC.rglob("*.py")):
+        if path == PACKAGE_DIR / "shim.py":
+            continue
+        for constant in ast.walk(ast.parse(path.read_text())):
+            if isinstance(constant, ast.Constant) and constant.value in names:
+                found.append(f"{path.relative_to(SRC)}:{constant.lineno}")
+    assert found == []

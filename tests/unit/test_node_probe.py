@@ -11,6 +11,7 @@ import sys
 import time
 
 import pytest
+from doctor_fixtures import probe_params
 
 from trainfleet import node
 from trainfleet.cluster import load_cluster
@@ -128,18 +129,18 @@ def test_send_stream_to_a_closed_port():
 def _probe(params: dict, cwd) -> dict:
     """The node probe run here with `params`, its fact sheet parsed; behind the barrier, the
     launch node's word that every peer started follows its program on stdin."""
-    go = {"peers": [p["node"] for p in params.get("peers", [])], "inbound": params.get("inbound"),
-          "bandwidth_from": params.get("bandwidth_from")}  # fmt: skip
-    stdin = node.line("probe", "main", params)
+    go = probe.GoLine(peers=[p["node"] for p in params["peers"]], inbound=params["inbound"],
+                      bandwidth_from=params["bandwidth_from"])  # fmt: skip
+    stdin = node.line(probe.main, params)
     proc = subprocess.run(
-        node.argv(sys.executable, "probe"),
-        input=stdin + (json.dumps(go).encode() + b"\n" if params.get("barrier") else b""),
+        node.argv(sys.executable, probe),
+        input=stdin + (json.dumps(go).encode() + b"\n" if params["barrier"] else b""),
         capture_output=True,
         timeout=60,
         cwd=cwd,
     )
     assert proc.returncode == 0, proc.stderr.decode()
-    return json.loads(proc.stdout.decode().strip().splitlines()[-1])
+    return node.read_answer(proc.stdout.decode(), probe.FactSheet, node=params["node"])
 
 
 def test_a_probe_without_tcp_tests_neither_listens_nor_connects_but_still_tests_ssh(tmp_path):
@@ -171,21 +172,8 @@ def test_a_probe_without_tcp_tests_neither_listens_nor_connects_but_still_tests_
 
 
 def test_payload_runs_as_a_one_node_probe(tmp_path):
-    params = {
-        "node": "solo",
-        "run_id": "unit",
-        "master_name": None,
-        "master_addr": None,
-        "workdir": str(tmp_path),
-        "listen_ports": [],
-        "owner_ports": [],
-        "peers": [],
-        "quick": True,
-        "connect_timeout": 1,
-        "skew": 0,
-        "bandwidth_to": None,
-        "bandwidth_from": False,
-    }
+    params = probe_params(master_addr=None, workdir=str(tmp_path),
+                          owner_ports=[], connect_timeout=1, skew=0)  # fmt: skip
     facts = _probe(params, tmp_path)
     assert facts["node"] == "solo" and facts["probe_version"] == probe.PROBE_VERSION
     assert facts["hostname"] == socket.gethostname()
@@ -201,3 +189,16 @@ def test_payload_runs_as_a_one_node_probe(tmp_path):
     assert set(facts["active"]) == {"listen", "listen_since", "listen_until", "bandwidth_in"}
     assert facts["active"]["listen"] == {} and facts["active"]["bandwidth_in"] == {}
     assert list(tmp_path.iterdir()) == []  # no peers: no token written
+
+
+def test_the_launch_node_sends_every_probe_key_and_the_probe_reads_each_one():
+    """No key sent and never read (import_timeout was), none read with a default that repeats
+    a launch-side constant and never sent (ssh_parallel was)."""
+    cluster = load_cluster(hosts="a,b")
+    params, _ = plan_params(cluster, {"a": "127.0.0.1", "b": "127.0.0.1"}, quick=False,
+                            rng=random.Random(3))  # fmt: skip
+    assert set(params["a"]) == probe.ProbeParams.__required_keys__
+    read = node.source("probe") + node.source("peers")
+    unread = [k for k in probe.ProbeParams.__required_keys__ if f'params["{k}"]' not in read]
+    assert unread == []
+    assert "params.get(" not in read and "go.get(" not in read

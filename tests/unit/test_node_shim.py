@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from trainfleet import node
-from trainfleet.node import shim
+from trainfleet.node import bootstrap, files, shim
 from trainfleet.procs import cmdlines
 
 pytestmark = pytest.mark.unit
@@ -27,14 +27,15 @@ SHIM = Path(shim.__file__)
 
 def _start(argv, run_id="t1", **job_fields) -> subprocess.Popen:
     proc = subprocess.Popen(
-        node.argv(sys.executable, "bootstrap"),
+        node.argv(sys.executable, bootstrap),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
-    job = {"run_id": run_id, "cwd": None, "env": {}, "argv": argv, "shim": "", "grace": 2}
+    job = bootstrap.BootstrapJob(run_id=run_id, cwd=None, env={}, argv=argv, shim="", grace=2,
+                                 lifeline=0)  # fmt: skip
     job.update(job_fields)
-    proc.stdin.write(node.line("bootstrap", "main", job))
+    proc.stdin.write(node.line(bootstrap.main, job))
     proc.stdin.flush()
     return proc
 
@@ -354,10 +355,11 @@ def test_a_rank_waiting_for_a_jit_build_lock_says_so_and_its_joins_are_still_see
 
 
 def _node_files(directory: Path) -> subprocess.CompletedProcess:
-    job = {"dir": str(directory), "files": {"shim.py": "print('ours')\n", "node_env.json": "[]"}}
+    job = files.PrivateJob(dir=str(directory), remove=False,
+                           files={"shim.py": "print('ours')\n", "node_env.json": "[]"})  # fmt: skip
     return subprocess.run(
-        node.argv(sys.executable, "files"),
-        input=node.line("files", "put_private", job).decode(),
+        node.argv(sys.executable, files),
+        input=node.line(files.put_private, job).decode(),
         capture_output=True,
         text=True,
     )

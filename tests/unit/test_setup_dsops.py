@@ -21,6 +21,7 @@ from trainfleet import node as node_programs
 from trainfleet.cluster import load_cluster
 from trainfleet.errors import SetupError
 from trainfleet.node import dsops as node_dsops
+from trainfleet.node.answer import MARK
 from trainfleet.setup import dsops, transfer
 from trainfleet.setup.dsops import Built, OpsState, parse_build, parse_state
 from trainfleet.setup.result import SetupResult
@@ -46,30 +47,35 @@ def test_the_default_ops_are_what_a_zero_run_builds_and_none_is_none():
 
 def test_a_nodes_state_report_is_checked_before_use():
     ops = {"fused_adam": "current", "deepspeed_shm_comm": "prebuilt", "x": "current"}
-    good = json.dumps({"root": "/home/u/.cache/torch_extensions/py311_cpu", "ops": ops})
-    state = parse_state("noise\n" + good, ("fused_adam", "deepspeed_shm_comm", "cpu_adam"))
+    good = MARK + json.dumps({"root": "/home/u/.cache/torch_extensions/py311_cpu", "ops": ops})
+    state = parse_state("noise\n" + good, ("fused_adam", "deepspeed_shm_comm", "cpu_adam"),
+                        node="n1")  # fmt: skip
     assert state.ops == {"fused_adam": "current", "deepspeed_shm_comm": "prebuilt",
                          "cpu_adam": "missing"}  # fmt: skip
     assert state.todo == ["cpu_adam"]
-    odd = '{"root": "/tmp/$(reboot)", "ops": {}}'
+    odd = MARK + '{"root": "/tmp/$(reboot)", "ops": {}}'
     with pytest.raises(ValueError, match="extensions directory"):
-        parse_state(odd, ("fused_adam",))
-    weird = '{"root": null, "ops": {"fused_adam": "done, trust me"}}'
-    assert parse_state(weird, ("fused_adam",)).todo == ["fused_adam"]
-    with pytest.raises(ValueError, match="no report"):
-        parse_state("Traceback ...", ("fused_adam",))
+        parse_state(odd, ("fused_adam",), node="n1")
+    weird = MARK + '{"root": null, "ops": {"fused_adam": "done, trust me"}}'
+    assert parse_state(weird, ("fused_adam",), node="n1").todo == ["fused_adam"]
+    with pytest.raises(ValueError, match="it printed no answer line"):
+        parse_state("Traceback ...", ("fused_adam",), node="n1")
 
 
 def test_a_nodes_build_report_counts_an_op_it_does_not_mention_as_failed():
     lines = [
-        json.dumps({"op": "fused_adam", "result": "built", "seconds": 61.2, "error": ""}),
-        json.dumps({"op": "fused_adam2", "result": "built"}),  # not asked for
-        json.dumps({"op": "cpu_adam", "result": "exploded"}),  # not a result
-        "{not json",
-    ]
-    built = parse_build("\n".join(lines), ("fused_adam", "cpu_adam"))
+        MARK + json.dumps({"op": "fused_adam", "result": "built", "seconds": 61.2, "error": ""}),
+        MARK + json.dumps({"op": "fused_adam2", "result": "built", "seconds": 1, "error": ""}),
+        MARK + json.dumps({"op": "cpu_adam", "result": "exploded", "seconds": 1, "error": ""}),
+        "{not an answer",
+    ]  # fused_adam2 was not asked for, "exploded" is no result
+    built = parse_build("\n".join(lines), ("fused_adam", "cpu_adam"), node="n1")
     assert built == [Built(op="fused_adam", result="built", seconds=61.2),
                      Built(op="cpu_adam", result="failed", error="no report")]  # fmt: skip
+    lines.append(MARK + json.dumps({"op": "cpu_adam"}))  # a malformed answer: none is taken
+    built = parse_build("\n".join(lines), ("fused_adam",), node="n1")
+    assert built == [Built(op="fused_adam", result="failed",
+                           error="its answer: no ['error', 'result', 'seconds']")]  # fmt: skip
 
 
 def _ninja_build(directory: Path, source: Path) -> None:
@@ -220,7 +226,7 @@ def test_ops_a_node_cannot_build_are_noted_not_counted_as_changes(monkeypatch):
 def test_a_build_job_that_dies_is_reported_with_its_last_words():
     """Run for real on this machine (a `localhost` node): the job reports one op, then dies
     before the next (deepspeed missing there, say)."""
-    said = json.dumps({"op": "fused_adam", "result": "built", "seconds": 3.0, "error": ""})
+    said = MARK + json.dumps({"op": "fused_adam", "result": "built", "seconds": 3.0, "error": ""})
     died = "sys.stderr.write('ModuleNotFoundError: No module named deepspeed\\n'); sys.exit(1)"
     script = f"import sys; print({said!r}); {died}"
     [node] = load_cluster(hosts="localhost").nodes
@@ -333,4 +339,5 @@ def test_take_staged_takes_only_a_stage_it_was_made_for(tmp_path, capsys):
     assert files.take_staged({**job, "stage": str(stage)}) == 3
     stage.chmod(0o700)
     assert files.take_staged({**job, "stage": str(stage), "names": ["..", "fused_adam"]}) == 0
-    assert capsys.readouterr().out.strip() == '["fused_adam"]' and not stage.exists()
+    said = node_programs.read_answer(capsys.readouterr().out, files.StagedAnswer, node="here")
+    assert said == {"taken": ["fused_adam"]} and not stage.exists()

@@ -12,6 +12,8 @@ import pytest
 from trainfleet.cluster import Cluster, Node, SshOptions
 from trainfleet.errors import SetupError
 from trainfleet.keyscan import fingerprint
+from trainfleet.node import answer as answer_mark
+from trainfleet.node import sshkeys
 from trainfleet.setup import hostkeys, jobs
 from trainfleet.setup.hostkeys import Target, known_hosts_names, plan_names
 from trainfleet.setup.launchside import question, this_machine
@@ -249,7 +251,7 @@ def _answer(**fields) -> str:
         "authorized_keys": "/root/.ssh/authorized_keys", "pubkey": NEW, "key_missing": False,
         "known": {"gpu-node-1": [OLD]}, "removed": [], "known_added": 0, "authorized_added": 0,
     }  # fmt: skip
-    return "some login noise\n" + json.dumps(answer | fields) + "\n"
+    return "some login noise\n" + answer_mark.MARK + json.dumps(answer | fields) + "\n"
 
 
 @pytest.mark.parametrize(
@@ -267,9 +269,10 @@ def _answer(**fields) -> str:
 def test_a_nodes_answer_to_the_trust_job_is_checked_before_anything_is_written(fields, said):
     """A public key with a newline put a cert-authority line into every node's
     authorized_keys; a known key that is not base64 crashed setup ssh (review F5, F13)."""
-    job = {"lookup": ["gpu-node-1"]}
+    job = sshkeys.job(lookup=["gpu-node-1"])
     assert jobs.read_answer("gpu-node-2", _answer(), job)["pubkey"] == NEW
     with pytest.raises(SetupError, match=f"gpu-node-2: the setup job's answer .*{said}"):
         jobs.read_answer("gpu-node-2", _answer(**fields), job)
-    with pytest.raises(SetupError, match="gpu-node-2: the setup job's answer is not a JSON"):
+    missing = "gpu-node-2: the setup job's answer is missing or malformed .it printed no answer"
+    with pytest.raises(SetupError, match=missing):
         jobs.read_answer("gpu-node-2", "Traceback ...\n", job)

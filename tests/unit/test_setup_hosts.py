@@ -11,6 +11,7 @@ from contextlib import redirect_stdout
 import pytest
 from doctor_fixtures import MASTER, MASTER_ADDR, make_survey, reparsed, sheets_of
 
+from trainfleet import node
 from trainfleet.doctor.checks import network
 from trainfleet.doctor.collect import _named_by
 from trainfleet.doctor.facts.sheet import Resolver
@@ -29,8 +30,11 @@ SILENT = {"error": "no answer in 2s", "seconds": 2.0}
 def _edit(path, **job) -> dict:
     out = io.StringIO()
     with redirect_stdout(out):
-        assert files.edit_hosts({"file": str(path), **job}) == 0
-    return json.loads(out.getvalue())
+        assert (
+            files.edit_hosts(files.HostsJob(**{"file": str(path), "add": [], "remove": [], **job}))
+            == 0
+        )
+    return node.read_answer(out.getvalue(), files.HostsAnswer, node="here")
 
 
 def test_the_node_job_adds_once_removes_only_exact_lines_and_keeps_every_other_byte(tmp_path):

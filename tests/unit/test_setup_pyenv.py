@@ -14,6 +14,8 @@ import pytest
 from trainfleet import node as node_programs
 from trainfleet.cluster import load_cluster
 from trainfleet.errors import SetupError
+from trainfleet.node import answer
+from trainfleet.node import pyenv as node_pyenv
 from trainfleet.setup import dsops, pyenv, wheels
 from trainfleet.setup.pyenv import NodeEnv, parse_node_env, plan_node
 from trainfleet.setup.wheels import Dist, cannot_take, driver_too_old
@@ -57,12 +59,17 @@ def test_a_nodes_report_is_data_and_nonsense_is_refused():
     report = {"version": "3.11.2", "libc": "glibc", "libc_version": "2.36", "machine": "x86_64",
               "in_target": True, "packages": {"Torch": "2.4.0", "evil; rm -rf /": "1",
                                               "numpy": "$(reboot)"}}  # fmt: skip
-    env = parse_node_env("chatty bashrc line\n" + json.dumps(report))
+    report = {**dict.fromkeys(node_pyenv.EnvFacts.__required_keys__), **report}
+
+    def said(report: dict) -> str:
+        return f"chatty bashrc line\n{answer.MARK}{json.dumps(report)}\n"
+
+    env = parse_node_env(said(report), node="n1")
     assert env.packages == {"torch": "2.4.0"} and env.glibc == "2.36" and env.in_target
     with pytest.raises(ValueError, match="python version"):
-        parse_node_env(json.dumps({**report, "version": "3.11\n[x]"}))
-    with pytest.raises(ValueError, match="no report"):
-        parse_node_env("Traceback ...")
+        parse_node_env(said({**report, "version": "3.11\n[x]"}), node="n1")
+    with pytest.raises(ValueError, match="it printed no answer line"):
+        parse_node_env("Traceback ...", node="n1")
 
 
 TORCH = Dist(name="torch", version="2.13.0+cpu", tags=("cp311-cp311-manylinux_2_28_x86_64",))
@@ -145,8 +152,10 @@ def test_packed_wheels_install_with_no_index_into_a_new_environment(tmp_path):
         (wheel_dir / files[name].name).write_bytes(files[name].read_bytes())
     job = {"target": str(target), "dir": str(wheel_dir), "pip": files["pip"].name,
            "wheels": [files["pip"].name, files["hjson"].name]}  # fmt: skip
-    done = subprocess.run(node_programs.argv(sys.executable, "pyenv"), capture_output=True,
-                          input=node_programs.line("pyenv", "install", job))  # fmt: skip
+    argv = node_programs.argv(sys.executable, node_pyenv.install)
+    done = subprocess.run(
+        argv, capture_output=True, input=node_programs.line(node_pyenv.install, job)
+    )
     assert done.returncode == 0, done.stderr.decode()
     assert not wheel_dir.exists()  # trainfleet's own directory, removed once installed
     assert list(target.glob("lib/python3*/site-packages/hjson/__pycache__/*.pyc"))  # compiled

@@ -14,6 +14,7 @@ from doctor_fixtures import facts_of
 from trainfleet import node
 from trainfleet.cluster import Node, SshOptions
 from trainfleet.errors import SetupError
+from trainfleet.node import files
 from trainfleet.setup import transfer
 from trainfleet.setup.sync import _check_directory, copy_targets, storage_groups
 
@@ -85,13 +86,14 @@ def test_the_prune_removes_exactly_what_this_machine_does_not_have(tmp_path):
         (tmp_path / rel).write_text("x")
     job = {"root": str(tmp_path), "keep": ["train.py", "pkg", "pkg/m.py"], "excludes": ["outputs"]}
     done = subprocess.run(
-        node.argv(sys.executable, "files"),
-        input=node.line("files", "prune", job).decode(),
+        node.argv(sys.executable, files),
+        input=node.line(files.prune, job).decode(),
         capture_output=True,
         text=True,
         check=True,
     )
-    assert done.stdout.strip() == "3"  # stale.py, old/x.py, old/
+    said = node.read_answer(done.stdout, files.PruneAnswer, node="here")
+    assert said == {"removed": 3}  # stale.py, old/x.py, old/
     left = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
     assert left == ["outputs", "outputs/ckpt.bin", "pkg", "pkg/m.py", "train.py"]
 

@@ -23,6 +23,7 @@ from trainfleet import node as node_programs
 from trainfleet.cluster import DEFAULT_CONNECT_TIMEOUT, Cluster, Node
 from trainfleet.doctor.facts import FactSheetError, NodeFacts, read_fact_sheet
 from trainfleet.doctor.pace import GoLine, Pace, ProbeTimes
+from trainfleet.node import probe
 from trainfleet.node.probe import MARK
 from trainfleet.remote import Failure, NodeResult, run_on_nodes, ssh_hostnames, ssh_options
 
@@ -56,7 +57,9 @@ DeepSpeed's pdsh runner ssh's from the master to every node: both are tested in 
 PEER_SSH_TIMEOUT_S = 10
 """ssh's ConnectTimeout node to node (the probe stops such an ssh after PEER_SSH_LIMIT_S)."""
 PEER_SSH_LIMIT_S = 25
-IMPORT_TIMEOUT_S = 20
+PEER_SSH_PARALLEL = 8
+"""At most this many ssh handshakes at once from one node: N probes each opening N at the same
+moment starve each other into timeouts on a loaded machine."""
 PROBE_SECONDS_PER_NODE = 1
 """Extra time the full probe gets per node of the cluster (its node-to-node ssh matrix)."""
 BANDWIDTH_SECONDS = 0.3
@@ -107,8 +110,8 @@ def _probe_argv(node: Node) -> list[str]:
     """The probe runs with the PATH cluster.yaml gives the node (what `launch` exports there,
     e.g. recorded by `trainfleet setup env`), so its tool checks see what the job will see."""
     if "PATH" in node.env:
-        return ["env", f"PATH={node.env['PATH']}", *node_programs.argv(node.python, "probe")]
-    return node_programs.argv(node.python, "probe")
+        return ["env", f"PATH={node.env['PATH']}", *node_programs.argv(node.python, probe.main)]
+    return node_programs.argv(node.python, probe.main)
 
 
 def _peer_ssh_argv(peer: Node) -> list[str]:
@@ -165,7 +168,7 @@ def plan_params(
     read_only: bool = False,
     all_pairs: bool = False,
     tcp: bool = True,
-) -> tuple[dict[str, dict], dict[str, list[int]]]:
+) -> tuple[dict[str, probe.ProbeParams], dict[str, list[int]]]:
     """The probe parameters for every node (pure but for `rng`). `read_only`: the probes write
     nothing on the nodes (no shared-storage token, so no shared-storage facts). Without `tcp`
     no node listens or connects to another (no port, firewall or bandwidth facts): a probe
@@ -177,12 +180,12 @@ def plan_params(
     if tcp:
         listen = {h: p + ([master_port] if h == cluster.master else []) for h, p in ports.items()}
     peers = {
-        n.host: {
-            "node": n.host,
-            "address": addresses[n.host],
-            "ports": listen[n.host],
-            "ssh_argv": None if quick else _peer_ssh_argv(n),
-        }
+        n.host: probe.Peer(
+            node=n.host,
+            address=addresses[n.host] or "",  # kept only where there is one, below
+            ports=listen[n.host],
+            ssh_argv=None if quick else _peer_ssh_argv(n),
+        )
         for n in cluster.nodes
     }
     hosts = [n.host for n in cluster.nodes]
@@ -194,36 +197,35 @@ def plan_params(
     successor = {h: ring[(i + 1) % len(ring)] for i, h in enumerate(ring)} if len(ring) > 2 else {}
     params = {}
     for node in cluster.nodes:
-        params[node.host] = {
-            "node": node.host,
-            "run_id": run_id,
-            "master_name": cluster.master,
-            "master_addr": addresses[cluster.master],
-            "workdir": cluster.workdir or os.getcwd(),
-            "listen_ports": listen[node.host] if multi else [],
-            "owner_ports": [master_port],
-            "client_addresses": _named_by(node.host, cluster.master, addresses) if multi else [],
-            "peers": [p for p in peers.values() if p["address"]] if multi else [],
-            "test_peers": sample[node.host],
-            "inbound": inbound[node.host],
-            "quick": quick,
-            "barrier": True,
-            "share_token": not read_only,
-            "extensions_dir": node.env.get("TORCH_EXTENSIONS_DIR"),
-            "connect_timeout": PAIR_CONNECT_TIMEOUT_S,
-            "skew": start_skew(len(cluster.nodes)),
-            "import_timeout": IMPORT_TIMEOUT_S,
-            "ssh_timeout": PEER_SSH_LIMIT_S,
-            "bandwidth_to": {
-                "node": successor[node.host],
-                "address": addresses[successor[node.host]],
-                "port": ports[successor[node.host]][0],
-            }
-            if node.host in successor
+        after = successor.get(node.host)
+        params[node.host] = probe.ProbeParams(
+            node=node.host,
+            run_id=run_id,
+            master_name=cluster.master,
+            master_addr=addresses[cluster.master],
+            workdir=cluster.workdir or os.getcwd(),
+            listen_ports=listen[node.host] if multi else [],
+            owner_ports=[master_port],
+            client_addresses=_named_by(node.host, cluster.master, addresses) if multi else [],
+            peers=[p for p in peers.values() if p["address"]] if multi else [],
+            test_peers=sample[node.host],
+            inbound=inbound[node.host],
+            quick=quick,
+            barrier=True,
+            share_token=not read_only,
+            extensions_dir=node.env.get("TORCH_EXTENSIONS_DIR"),
+            connect_timeout=PAIR_CONNECT_TIMEOUT_S,
+            skew=start_skew(len(cluster.nodes)),
+            ssh_timeout=PEER_SSH_LIMIT_S,
+            ssh_parallel=PEER_SSH_PARALLEL,
+            bandwidth_to=probe.BandwidthTarget(
+                node=after, address=addresses[after] or "", port=ports[after][0]
+            )
+            if after
             else None,
-            "bandwidth_from": node.host in successor.values(),
-            "bandwidth_seconds": BANDWIDTH_SECONDS,
-        }
+            bandwidth_from=node.host in successor.values(),
+            bandwidth_seconds=BANDWIDTH_SECONDS,
+        )
     return params, ports
 
 
@@ -241,14 +243,14 @@ def _inbound(
     return sum(len(listen[host]) for src in started if src != host and host in sample[src])
 
 
-def go_lines(params: dict[str, dict], addresses: dict[str, str | None]) -> GoLine:
+def go_lines(params: dict[str, probe.ProbeParams], addresses: dict[str, str | None]) -> GoLine:
     """The barrier's stdin line for each probe (`trainfleet.node.probe.wait_for_go`), given the
     nodes whose probes started: only those are tested and waited for."""
     sample = {host: p["test_peers"] for host, p in params.items()}
     listen = {host: p["listen_ports"] for host, p in params.items()}
 
     def line(host: str, started: frozenset[str]) -> bytes:
-        go: dict = {"peers": [], "inbound": 0, "bandwidth_from": False}
+        go = probe.GoLine(peers=[], inbound=0, bandwidth_from=False)
         if host in started and params[host]["peers"]:
             go["peers"] = [h for h in params if h in started]
             go["inbound"] = _inbound(host, started, sample, listen, addresses)
@@ -302,7 +304,7 @@ def collect(
         launch_env=dict(os.environ),
     )
     argv = {n.host: _probe_argv(n) for n in cluster.nodes}
-    payloads = {host: node_programs.line("probe", "main", p) for host, p in params.items()}
+    payloads = {host: node_programs.line(probe.main, p) for host, p in params.items()}
     budget = probe_budget(len(cluster.nodes), quick)
     connect = max(n.ssh.connect_timeout or DEFAULT_CONNECT_TIMEOUT for n in cluster.nodes)
     pace = Pace(
@@ -339,7 +341,9 @@ PROBE_RAN = (Failure.NONE, Failure.TIMED_OUT, Failure.COMMAND_FAILED)
 """Outcomes after which a node's probe may have written its shared-storage token."""
 
 
-def _remove_tokens(cluster: Cluster, results: list[NodeResult], params: dict[str, dict]) -> None:
+def _remove_tokens(
+    cluster: Cluster, results: list[NodeResult], params: dict[str, probe.ProbeParams]
+) -> None:
     """The shared-storage tokens: removed from every node whose probe ran, also where it timed
     out or its fact sheet did not come back (such runs left .trainfleet-doctor-* behind)."""
     ran = {r.node for r in results if r.failure in PROBE_RAN}

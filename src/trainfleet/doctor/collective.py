@@ -14,7 +14,6 @@ line, classified into the pitfall it points to.
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from dataclasses import replace
@@ -26,6 +25,8 @@ from trainfleet.doctor.checks.software import node_versions
 from trainfleet.doctor.collect import EPHEMERAL_PORTS, Survey
 from trainfleet.doctor.facts import Imports, NodeFacts, parse_imports
 from trainfleet.doctor.findings import Finding, Severity
+from trainfleet.errors import NodeAnswerError
+from trainfleet.node import collective
 from trainfleet.remote import Failure, NodeResult, run_on_nodes
 
 STARTUP_S = 60
@@ -79,18 +80,16 @@ def _last_error(text: str) -> str:
 
 
 def _reports(result: NodeResult) -> dict[str, dict]:
-    """The JSON lines the node's process printed, by their one key (`imports`, `all_reduce`);
-    anything else on stdout (a library's print) is not ours and is skipped."""
+    """The node's answers (`collective.StepReport`) by step (`imports`, `all_reduce`); none
+    where one is malformed (the node then counts as one that did not report)."""
+    try:
+        said = node_programs.read_answers(result.stdout, collective.StepReport, node=result.node)
+    except NodeAnswerError:
+        return {}
     found: dict[str, dict] = {}
-    for line in result.stdout.splitlines():
-        try:
-            value = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(value, dict) and len(value) == 1:
-            ((key, report),) = value.items()
-            if isinstance(report, dict):
-                found.setdefault(key, report)
+    for step in said:
+        if isinstance(step["step"], str) and isinstance(step["report"], dict):
+            found.setdefault(step["step"], step["report"])
     return found
 
 
@@ -127,13 +126,13 @@ def run_stack(
         iface = chosen[node.host]
         env = [f"GLOO_SOCKET_IFNAME={iface}"] if iface else []
         env += [f"RES_OPTIONS={LOOKUP_OPTIONS}"] if node.host in silent else []
-        argv[node.host] = ["env", *env, *node_programs.argv(node.python, "collective")]
-        group = {
-            "addr": survey.master_addr, "port": port, "rank": rank, "world": world,
-            "startup_s": STARTUP_S, "timeout_s": TIMEOUT_S,
-        }  # fmt: skip
+        argv[node.host] = ["env", *env, *node_programs.argv(node.python, collective.run)]
+        group = collective.Group(
+            addr=survey.master_addr or "", port=port, rank=rank, world=world,
+            startup_s=STARTUP_S, timeout_s=TIMEOUT_S,
+        )  # fmt: skip
         calls[node.host] = node_programs.line(
-            "collective", "run", {"all_reduce": group if all_reduce else None}
+            collective.run, collective.StackJob(all_reduce=group if all_reduce else None)
         )
     start = time.monotonic()
     bound = STARTUP_S + (TIMEOUT_S if all_reduce else 0) + SPARE_S

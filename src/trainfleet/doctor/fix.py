@@ -20,7 +20,6 @@ changed host key is never trusted, a process holding a port is never killed.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -33,8 +32,9 @@ from trainfleet.cluster import Cluster
 from trainfleet.doctor import DoctorReport
 from trainfleet.doctor.checks.software import stale_jit_locks
 from trainfleet.doctor.findings import Finding, Severity
-from trainfleet.errors import ClusterFileError, SpecError
+from trainfleet.errors import ClusterFileError, NodeAnswerError, SpecError
 from trainfleet.keyscan import fingerprint, keyscan, port_of, unknown_key_name
+from trainfleet.node import files, jitlocks
 from trainfleet.remote import Failure, run_on_nodes
 from trainfleet.untrusted import printable, valid_interface
 
@@ -224,17 +224,20 @@ def plan_jit_locks(report: DoctorReport, plan: FixPlan) -> None:
 def remove_jit_locks(fix: JitLockFix, cluster: Cluster) -> list[str]:
     """The node removes each lock that is still stale; one line per lock."""
     node = cluster.node(fix.node)
-    job = node_programs.line("jitlocks", "remove_main", {"paths": fix.paths,
-                             "extensions_dir": fix.extensions_dir})  # fmt: skip
-    argv = node_programs.argv(node.python, "jitlocks")
-    [result] = run_on_nodes([node], argv, stdin=job, timeout=30)
-    try:
-        outcome = json.loads(result.stdout) if result.ok else {}
-    except ValueError:
-        outcome = {}
-    if not isinstance(outcome, dict):
-        outcome = {}
-    failed = "failed: " + (result.reason() if not result.ok else "the node's answer is not JSON")
+    job = jitlocks.RemoveJob(paths=fix.paths, extensions_dir=fix.extensions_dir)
+    argv = node_programs.argv(node.python, jitlocks.remove_main)
+    [result] = run_on_nodes([node], argv, stdin=node_programs.line(jitlocks.remove_main, job),
+                            timeout=30)  # fmt: skip
+    outcome: dict = {}
+    failed = "failed: " + result.reason()
+    if result.ok:
+        failed = "failed: the node did not say"
+        try:
+            answer = node_programs.read_answer(result.stdout, jitlocks.RemoveAnswer, node=fix.node)
+        except NodeAnswerError as exc:
+            failed = f"failed: {exc.problem}"
+        else:
+            outcome = answer["outcome"] if isinstance(answer["outcome"], dict) else {}
     said = {path: printable(str(outcome.get(path, failed)))[:200] for path in fix.paths}
     return [f"{fix.node}: {path}: {said[path]}" for path in fix.paths]
 
@@ -303,13 +306,26 @@ def render_plan(plan: FixPlan) -> str:
     return "\n".join(lines)
 
 
+def _appended(stdout: str, host: str) -> str:
+    """How many lines `files.append_lines` says it added on `host`, or why it said nothing."""
+    try:
+        return str(node_programs.read_answer(stdout, files.AppendAnswer, node=host)["added"])
+    except NodeAnswerError as exc:
+        return f"failed: {exc.problem}"
+
+
 def _append_here(path: str, lines: list[str]) -> str:
-    job = node_programs.line("files", "append_lines", {"file": path, "lines": lines})
+    job = node_programs.line(files.append_lines, files.AppendJob(file=path, lines=lines))
     done = subprocess.run(
-        node_programs.argv(sys.executable, "files"), input=job, capture_output=True, check=False
+        node_programs.argv(sys.executable, files.append_lines),
+        input=job,
+        capture_output=True,
+        check=False,
     )
     err = done.stderr.decode(errors="replace").strip()
-    return done.stdout.decode().strip() if done.returncode == 0 else f"failed: {err}"
+    if done.returncode != 0:
+        return f"failed: {err}"
+    return _appended(done.stdout.decode(), THIS_MACHINE)
 
 
 def apply_plan(plan: FixPlan, cluster: Cluster) -> list[str]:
@@ -320,14 +336,16 @@ def apply_plan(plan: FixPlan, cluster: Cluster) -> list[str]:
             outcome = _append_here(fix.known_hosts, fix.lines)
         else:
             node = cluster.node(fix.target)
-            job = {"file": fix.known_hosts, "lines": fix.lines}
+            job = files.AppendJob(file=fix.known_hosts, lines=fix.lines)
             [result] = run_on_nodes(
                 [node],
-                node_programs.argv(node.python, "files"),
-                stdin=node_programs.line("files", "append_lines", job),
+                node_programs.argv(node.python, files.append_lines),
+                stdin=node_programs.line(files.append_lines, job),
                 timeout=30,
             )
-            outcome = result.stdout.strip() if result.ok else f"failed: {result.reason()}"
+            outcome = (
+                _appended(result.stdout, node.host) if result.ok else f"failed: {result.reason()}"
+            )
         done.append(f"{fix.target}: {fix.known_hosts}: {outcome} line(s) added for {fix.name}")
     if plan.interfaces:
         fix = plan.interfaces

@@ -1,21 +1,32 @@
 """Every program trainfleet runs on a node, and the one way they are shipped there.
 
+    >>> from trainfleet.node import jitlocks
     >>> needs("probe")[-1], "system" in needs("probe")
     ('probe', True)
-    >>> argv("python3", "probe")[-1]
-    'trainfleet-probe'
+    >>> argv("python3", jitlocks.remove_main)[-1]
+    'trainfleet-jitlocks'
+    >>> said = 'a profile script\\n@@trainfleet-answer {"outcome": {}}\\n'
+    >>> read_answer(said, jitlocks.RemoveAnswer, node="n1")
+    {'outcome': {}}
 
 The modules of this package run on nodes, whose python may be old and holds nothing of
 trainfleet: stdlib only, Python 3.8 syntax, and between each other only `from trainfleet.node
 import NAME` (tests/unit/test_node_package.py checks all three). The launch node imports them
 too (for their constants and for tests).
 
-`argv(python, NAME)` starts `python -u -c LOADER trainfleet-NAME` on a node; LOADER reads one
-line from stdin, `line(NAME, FUNCTION, *ARGS)`: a program that makes NAME and the node modules
-it imports real modules there (`_install`), then exits with FUNCTION(*ARGS)'s return value
-(None: 0). The arguments travel as JSON inside that line, never on a command line (where `ps`
-would show them). Whatever stdin holds after the line is the program's own: the bootstrap
-reads it as its lifeline.
+`argv(python, FUNCTION)` starts `python -u -c LOADER trainfleet-NAME` on a node (NAME: the node
+module FUNCTION is defined in); LOADER reads one line from stdin, `line(FUNCTION, *ARGS)`: a
+program that makes NAME and the node modules it imports real modules there (`_install`), then
+exits with FUNCTION(*ARGS)'s return value (None: 0). The arguments travel as JSON inside that
+line, never on a command line (where `ps` would show them). Whatever stdin holds after the line
+is the program's own: the bootstrap reads it as its lifeline.
+
+A job's input and its answer are TypedDicts in its node module, built by the launch side and
+read there without defaults. The answer comes back as one line on stdout, `answer.MARK` then
+JSON (`answer.send`), and is read here by `read_answer` (the last such line; `read_answers`:
+all of them, for a job that answers once per item), which names the node when it is missing or
+is not the TypedDict. Lines read while the job runs (the probe's `started`/`alive` marks on
+stderr, the bootstrap's and porthold's streams) are not answers.
 
     bootstrap   starts a node's share of a launch; nothing of it outlives the launcher
     shim        every rank's first code: its node's environment, join and exit marks
@@ -27,17 +38,22 @@ reads it as its lifeline.
     dsops       `setup pyenv`'s DeepSpeed ops: built for the environment or not; building them
     collective  doctor's stack phase: torch imported once, then a real all_reduce
     porthold    a port held on purpose (the sandbox's `port-in-use` fault)
+    answer      a job's answer: one marked line on stdout (`answer.send`)
     isolated    Python started without the current directory on sys.path
 """
 
 import ast
 import base64
 import functools
+import importlib
 import inspect
 import json
 import os
+import types
+from typing import Any
 
-from trainfleet.node import isolated
+from trainfleet.errors import NodeAnswerError
+from trainfleet.node import answer, isolated
 
 PACKAGE = "trainfleet.node"
 LOADER = (
@@ -48,10 +64,21 @@ LOADER = (
 `trainfleet.node.isolated`."""
 
 
-def argv(python, name):
-    """The command that runs node module `name`'s program with `python` (the node's); its last
-    word, `trainfleet-NAME`, is what `ps` shows of it (and what tests look for)."""
-    return [python, "-u", "-c", LOADER, "trainfleet-" + name]
+def argv(python, program):
+    """The command that runs a node program with `python` (the node's); `program` is the node
+    function `line` calls, or its module. Its last word, `trainfleet-NAME` (NAME: the module),
+    is what `ps` shows of it (and what tests look for)."""
+    return [python, "-u", "-c", LOADER, "trainfleet-" + module_name(program)]
+
+
+def module_name(program):
+    """NAME of node module trainfleet.node.NAME that holds `program` (a function or the module);
+    ValueError for anything else: only node modules are shipped."""
+    module = program.__name__ if isinstance(program, types.ModuleType) else program.__module__
+    package, _, name = module.rpartition(".")
+    if package != PACKAGE or not name:
+        raise ValueError("%r is not a node program (trainfleet.node.NAME)" % (program,))
+    return name
 
 
 def source(name):
@@ -86,15 +113,49 @@ def _imports(name):
     return found
 
 
-def line(name, function, *args):
-    """The first stdin line for `argv`: node module `name` (and what it imports), then the call
-    `function(*args)` (JSON values), whose return value is the exit code."""
+def line(function, *args):
+    """The first stdin line for `argv`: `function`'s node module (and what it imports), then the
+    call `function(*args)` (JSON values), whose return value is the exit code."""
+    name = module_name(function)
+    module = importlib.import_module("%s.%s" % (PACKAGE, name))
+    if getattr(module, function.__name__, None) is not function:
+        raise ValueError("%s is not a function of %s" % (function.__qualname__, module.__name__))
     call = "import json, sys\nsys.stdout.flush()\nsys.exit(sys.modules[%r].%s(*json.loads(%r)))" % (
         "%s.%s" % (PACKAGE, name),
-        function,
+        function.__name__,
         json.dumps(list(args)),
     )
     return base64.b64encode(_modules(name) + call.encode()) + b"\n"
+
+
+def read_answers(stdout: str, kind: type, *, node: str) -> list[Any]:
+    """Every answer line (`answer.MARK` + JSON) in a node job's `stdout`, in order, each checked
+    to be a dict holding the keys of `kind` (the job's answer TypedDict). NodeAnswerError,
+    naming `node`, when one is not JSON or lacks a key (a node's words are untrusted: callers
+    still check each value before use)."""
+    found = []
+    for text in stdout.splitlines():
+        if not text.startswith(answer.MARK):
+            continue
+        try:
+            value = json.loads(text[len(answer.MARK) :])
+        except ValueError:
+            raise NodeAnswerError(node, kind.__name__, "its answer line is not JSON") from None
+        missing = sorted(kind.__required_keys__ - set(value)) if isinstance(value, dict) else None
+        if missing is None or missing:
+            problem = "its answer is not an object" if missing is None else "no %s" % missing
+            raise NodeAnswerError(node, kind.__name__, problem)
+        found.append(value)
+    return found
+
+
+def read_answer(stdout: str, kind: type, *, node: str) -> Any:
+    """The answer of a node job that answers once: the last answer line of `stdout`, as
+    `read_answers` checks it; NodeAnswerError naming `node` when there is none."""
+    answers = read_answers(stdout, kind, node=node)
+    if not answers:
+        raise NodeAnswerError(node, kind.__name__, "it printed no answer line")
+    return answers[-1]
 
 
 @functools.lru_cache(maxsize=None)

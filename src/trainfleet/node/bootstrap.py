@@ -15,9 +15,9 @@ child subreaper (prctl), so that workers which leave their parent's session (tor
 each rank in a new session) or lose their parent are still its descendants. They are found by
 pid from /proc, never by name.
 
-The job (JSON): run_id, cwd, env (set over the login environment), argv (the token {SHIM} is
-replaced by the path of the rank shim written here), shim (its source), grace (seconds),
-lifeline (seconds; absent or 0: no limit).
+The job is a BootstrapJob. It has no answer: the command's output streams through, with the
+marks the launcher reads while it runs (`@@trainfleet:RUN_ID:pid:N` here, the shim's), and its
+exit code is the node's.
 """
 
 import ctypes
@@ -29,8 +29,25 @@ import sys
 import tempfile
 import threading
 import time
+from typing import Dict, List, Optional, TypedDict
 
 PR_SET_CHILD_SUBREAPER = 36
+
+
+class BootstrapJob(TypedDict):
+    run_id: str
+    cwd: Optional[str]
+    """None: the login directory."""
+    env: Dict[str, str]
+    """Set over the login environment."""
+    argv: List[str]
+    """The token {SHIM} is replaced by the path of the rank shim written here."""
+    shim: str
+    """The shim's source (`trainfleet.node.shim`)."""
+    grace: float
+    """Seconds between SIGTERM and SIGKILL."""
+    lifeline: float
+    """Seconds without a line from the launcher before the job stops (0: no limit)."""
 
 
 def become_subreaper():
@@ -108,7 +125,7 @@ def stop_everything(child_pid, status, grace):
         time.sleep(0.05)
 
 
-def main(job):
+def main(job: BootstrapJob):
     stop = threading.Event()
     heard = [time.monotonic()]  # when the launcher last wrote
 
@@ -146,7 +163,7 @@ def main(job):
         sys.stderr.write("@@trainfleet:%s:pid:%d\n" % (job["run_id"], os.getpid()))
         sys.stderr.flush()
         threading.Thread(target=watch_stdin, daemon=True).start()
-        lifeline = job.get("lifeline") or 0
+        lifeline = job["lifeline"]
         while status["rc"] is None and not stop.is_set():
             reap(proc.pid, status)
             if lifeline and time.monotonic() - heard[0] > lifeline:
@@ -158,7 +175,7 @@ def main(job):
                 stop.set()
             stop.wait(0.1)
         stopped = status["rc"] is None  # the loop ended on a stop, not on the command's exit
-        stop_everything(proc.pid, status, job.get("grace", 5))
+        stop_everything(proc.pid, status, job["grace"])
         rc = status["rc"]
         if stopped or rc is None:
             return 143  # stopped by the launcher (128 + SIGTERM)

@@ -1,7 +1,7 @@
 """doctor's stack phase on a node: torch imported once, in this process, and (when
-the checks before found no error) one rank of a real gloo all_reduce across all nodes. Prints
-one JSON line per step (`{"imports": ...}`, then `{"all_reduce": ...}`), so the launch node
-reads the versions even when the collective fails. torch is imported inside `run`, so the module
+the checks before found no error) one rank of a real gloo all_reduce across all nodes. Sends
+one StepReport per step (`imports`, then `all_reduce`), so the launch node reads the versions
+even when the collective fails. torch is imported inside `run`, so the module
 loads with stdlib only.
 
 Two bounds, apart: `startup_s` for every rank to import and reach the rendezvous (a barrier on
@@ -11,33 +11,54 @@ others without using up the collective's bound.
 """
 
 import datetime
-import json
-import sys
 import time
+from typing import Any, Dict, Optional, TypedDict
 
-from trainfleet.node import stack_imports
+from trainfleet.node import answer, stack_imports
 
 READY = "trainfleet-doctor/ready"
 GO = "trainfleet-doctor/go"
 
 
-def _say(**fields):
-    sys.stdout.write(json.dumps(fields) + "\n")
-    sys.stdout.flush()
+class Group(TypedDict):
+    """This rank's place in the all_reduce."""
+
+    addr: str
+    port: int
+    rank: int
+    world: int
+    startup_s: float
+    timeout_s: float
 
 
-def run(spec):
-    """spec: {"all_reduce": None or {addr, port, rank, world, startup_s, timeout_s}}.
-    -> 0; 3 when the sum is wrong; 4 when torch did not import (the rank does not join)."""
+class StackJob(TypedDict):
+    all_reduce: Optional[Group]
+    """None: the imports only."""
+
+
+class StepReport(TypedDict):
+    """One answer per step."""
+
+    step: str
+    """imports|all_reduce"""
+    report: Dict[str, Any]
+
+
+def _say(step, report):
+    answer.send(StepReport(step=step, report=report))
+
+
+def run(spec: StackJob):
+    """-> 0; 3 when the sum is wrong; 4 when torch did not import (the rank does not join)."""
     start = time.time()
     imports = stack_imports.report()
     imports["seconds"] = round(time.time() - start, 3)
-    _say(imports=imports)
-    group = spec.get("all_reduce")
+    _say("imports", imports)
+    group = spec["all_reduce"]
     if not group:
         return 0
     if "torch_error" in imports or not imports.get("gloo"):
-        _say(all_reduce={"ok": False, "joined": False, "error": "torch did not import"})
+        _say("all_reduce", {"ok": False, "joined": False, "error": "torch did not import"})
         return 4
     return _all_reduce(**group)
 
@@ -70,13 +91,14 @@ def _all_reduce(addr, port, rank, world, startup_s, timeout_s):
     ok = bool((tensor == expected).all())
     dist.destroy_process_group()
     _say(
-        all_reduce={
+        "all_reduce",
+        {
             "ok": ok,
             "joined": True,
             "sum": float(tensor[0]),
             "expected": expected,
             "waited_s": round(waited, 3),
             "seconds": round(time.time() - start, 3),
-        }
+        },
     )
     return 0 if ok else 3

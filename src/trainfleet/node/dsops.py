@@ -21,13 +21,15 @@ built again here. That is what lets `setup pyenv` build once and copy to identic
 """
 
 import ast
-import json
 import os
 import re
 import shutil
 import subprocess
 import sys
 import time
+from typing import Dict, List, Optional, TypedDict
+
+from trainfleet.node import answer
 
 _CUDA = re.compile(r"^(cuda|hip)\s*(?::[^=]*)?=\s*(None|'([0-9.]+)')", re.M)
 
@@ -113,10 +115,38 @@ def op_state(directory, target, ninja):
     return "current" if dry.returncode == 0 and "no work to do" in said else "stale"
 
 
-def state(job):
-    """Prints {"root": ..., "ops": {name: state}} as one JSON line (job: target, ops, env);
-    an op installed compiled is 'prebuilt'."""
-    os.environ.update(job.get("env") or {})
+class OpsJob(TypedDict):
+    """`state`'s and `build`'s input."""
+
+    target: str
+    """The environment whose python runs the job."""
+    ops: List[str]
+    env: Dict[str, str]
+    """The node's variables from cluster.yaml (CUDA_HOME, TORCH_EXTENSIONS_DIR...)."""
+
+
+class OpsState(TypedDict):
+    """`state`'s answer."""
+
+    root: Optional[str]
+    """torch's extensions directory (None: no torch)."""
+    ops: Dict[str, str]
+    """{name: current|prebuilt|missing|stale}"""
+
+
+class OpBuilt(TypedDict):
+    """`build`'s answer, one per op, sent as each is done."""
+
+    op: str
+    result: str
+    """built|current|prebuilt|incompatible|unknown|failed"""
+    seconds: float
+    error: str
+
+
+def state(job: OpsJob):
+    """Sends OpsState; an op installed compiled is 'prebuilt'."""
+    os.environ.update(job["env"])
     root = extensions_root()
     ninja = shutil.which("ninja")
     prebuilt = prebuilt_ops()
@@ -128,7 +158,7 @@ def state(job):
             ops[name] = op_state(os.path.join(root, name), job["target"], ninja)
         else:
             ops[name] = "missing"
-    print(json.dumps({"root": root, "ops": ops}))
+    answer.send(OpsState(root=root, ops=ops))
     return 0
 
 
@@ -139,11 +169,11 @@ def _so_time(directory, name):
         return None
 
 
-def build(job):
+def build(job: OpsJob):
     """Loads each of job["ops"] through DeepSpeed's builder (building what ninja says is out
-    of date); one JSON line per op: {"op", "result": built|current|prebuilt|incompatible|
-    unknown|failed, "seconds", "error"}. Exit code 1 when one failed."""
-    os.environ.update(job.get("env") or {})
+    of date); sends one OpBuilt per op as soon as it is done (a build that dies or times out
+    later keeps what was built before). Exit code 1 when one failed."""
+    os.environ.update(job["env"])
     from deepspeed.ops.op_builder.all_ops import ALL_OPS
 
     root = extensions_root()
@@ -171,5 +201,5 @@ def build(job):
                 after = _so_time(os.path.join(root, name), name)
                 report["result"] = "current" if before and before == after else "built"
             report["seconds"] = round(time.monotonic() - started, 1)
-        print(json.dumps(report), flush=True)
+        answer.send(report)
     return 1 if failed else 0

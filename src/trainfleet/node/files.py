@@ -4,27 +4,80 @@ unpacked from another node's archive (`take_staged`: DeepSpeed's ops), and /etc/
 (`edit_hosts`: `setup hosts`).
 
     >>> import tempfile; home = tempfile.mkdtemp()
-    >>> append_lines({"file": home + "/kh", "lines": ["a ssh-ed25519 K", "a ssh-ed25519 K"]})
-    1
-    >>> append_lines({"file": home + "/kh", "lines": ["a ssh-ed25519 K"]})
-    0
+    >>> append_lines(AppendJob(file=home + "/kh", lines=["a ssh-ed25519 K", "a ssh-ed25519 K"]))
+    @@trainfleet-answer {"added": 1}
+    >>> append_lines(AppendJob(file=home + "/kh", lines=["a ssh-ed25519 K"]))
+    @@trainfleet-answer {"added": 0}
+
+Each job's input is a TypedDict here; those that answer send one (`answer.send`); put_private
+answers with its exit code only.
 """
 
 import fnmatch
-import json
 import os
 import shutil
 import stat
 import sys
+from typing import Dict, List, TypedDict
+
+from trainfleet.node import answer
 
 
-def put_private(job):
-    """Writes job["files"] ({name: text}) into job["dir"], a directory only this user can use;
+class PrivateJob(TypedDict):
+    dir: str
+    files: Dict[str, str]
+    """{name: text}"""
+    remove: bool
+    """Remove the directory instead (`files` is then empty)."""
+
+
+class AppendJob(TypedDict):
+    file: str
+    lines: List[str]
+
+
+class AppendAnswer(TypedDict):
+    added: int
+
+
+class HostsJob(TypedDict):
+    file: str
+    add: List[str]
+    remove: List[str]
+
+
+class HostsAnswer(TypedDict):
+    added: List[str]
+    removed: List[str]
+
+
+class PruneJob(TypedDict):
+    root: str
+    keep: List[str]
+    excludes: List[str]
+
+
+class PruneAnswer(TypedDict):
+    removed: int
+
+
+class StagedJob(TypedDict):
+    root: str
+    stage: str
+    names: List[str]
+
+
+class StagedAnswer(TypedDict):
+    taken: List[str]
+
+
+def put_private(job: PrivateJob):
+    """Writes job["files"] into job["dir"], a directory only this user can use;
     with job["remove"], removes it. The name is predictable (/tmp/trainfleet-RUN_ID, the same
     for every node and restart): one that is already there is used only when it is this user's
     and no one else can write it, else another user of the node could have put a shim of their
     own there, run as the launching user. -> exit code (3: refused)."""
-    if job.get("remove"):
+    if job["remove"]:
         shutil.rmtree(job["dir"], ignore_errors=True)
         return 0
     try:
@@ -45,9 +98,9 @@ def put_private(job):
     return 0
 
 
-def append_lines(job):
+def append_lines(job: AppendJob):
     """Appends job["lines"] to job["file"] (`~` expanded; created 0600 in a 0700 directory)
-    unless already there; prints how many were added."""
+    unless already there; sends AppendAnswer."""
     path = os.path.expanduser(job["file"])
     os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
     old = ""
@@ -64,23 +117,23 @@ def append_lines(job):
     gap = "\n" if old and not old.endswith("\n") and new else ""
     with os.fdopen(fd, "a") as f:
         f.write(gap + "".join(line + "\n" for line in new))
-    print(len(new))
+    answer.send(AppendAnswer(added=len(new)))
 
 
-def edit_hosts(job):
+def edit_hosts(job: HostsJob):
     """Adds job["add"] to job["file"] (/etc/hosts) where not there yet, and removes every line
     that is exactly one of job["remove"]; every other byte stays. The file is rewritten in
     place, never replaced: /etc/hosts is often a bind mount (containers, `ip netns`), which a
-    rename cannot replace. Prints {"added": [...], "removed": [...]} (JSON)."""
+    rename cannot replace. Sends HostsAnswer."""
     with open(job["file"]) as f:
         old = f.read()
     lines = old.splitlines(True)
-    remove = set(job.get("remove", []))
+    remove = set(job["remove"])
     kept = [line for line in lines if line.rstrip("\n") not in remove]
     removed = [line.rstrip("\n") for line in lines if line.rstrip("\n") in remove]
     present = set(line.rstrip("\n") for line in kept)
     added = []
-    for line in job.get("add", []):
+    for line in job["add"]:
         if line not in present:
             present.add(line)
             added.append(line)
@@ -92,7 +145,7 @@ def edit_hosts(job):
         with open(job["file"], "r+") as f:
             f.write(text)
             f.truncate()
-    print(json.dumps({"added": added, "removed": removed}))
+    answer.send(HostsAnswer(added=added, removed=removed))
     return 0
 
 
@@ -102,10 +155,10 @@ def is_excluded(rel, patterns):
     return any(fnmatch.fnmatch(part, p) for part in rel.split("/") for p in patterns)
 
 
-def prune(job):
+def prune(job: PruneJob):
     """Removes files, then empty directories, under job["root"] that are neither in job["keep"]
     nor excluded (`is_excluded` by job["excludes"]); symlinks are removed, never followed.
-    Prints how many."""
+    Sends PruneAnswer."""
     root, keep, patterns = job["root"], set(job["keep"]), job["excludes"]
     removed = 0
     for base, dirs, files in os.walk(root, topdown=False):
@@ -121,7 +174,7 @@ def prune(job):
                 if not os.listdir(path):
                     os.rmdir(path)
                     removed += 1
-    print(removed)
+    answer.send(PruneAnswer(removed=removed))
     return 0
 
 
@@ -154,13 +207,13 @@ def _checked_stage(root, stage):
     return stage
 
 
-def take_staged(job):
+def take_staged(job: StagedJob):
     """Moves the directories job["names"] from job["stage"], where another node's archive was
     unpacked, to job["root"] (each replacing what was there), then removes the stage. Only
     directories and regular files are taken, each without setuid, setgid or sticky bits: a
     symlink (which could point anywhere), a device, a fifo or a socket is never part of a build
     directory, so one anywhere makes it take nothing (exit 3, with what and where on stderr).
-    Prints the names taken, one JSON list."""
+    Sends StagedAnswer."""
     root = job["root"]
     stage = _checked_stage(root, job["stage"])
     if stage is None:
@@ -197,5 +250,5 @@ def take_staged(job):
         os.rename(source, target)
         taken.append(name)
     shutil.rmtree(stage)
-    print(json.dumps(taken))
+    answer.send(StagedAnswer(taken=taken))
     return 0

@@ -3,10 +3,11 @@
 """
 
 import glob
-import json
 import os
-import sys
 import time
+from typing import Dict, List, Optional, TypedDict
+
+from trainfleet.node import answer
 
 JIT_LOCK_STALE_S = 60
 """A JIT build lock this old that no process holds or builds under is a leftover (the margin
@@ -96,7 +97,21 @@ def remove_stale_jit_locks(paths, extensions_dir=None):
     return outcome
 
 
-def remove_main(job):
-    """doctor --fix on a node: job {"paths", "extensions_dir"}; prints the outcome as JSON."""
-    outcome = remove_stale_jit_locks(job["paths"], job.get("extensions_dir"))
-    sys.stdout.write(json.dumps(outcome) + "\n")
+class RemoveJob(TypedDict):
+    """`remove_main`'s input (doctor --fix)."""
+
+    paths: List[str]
+    """The locks the launch node found stale."""
+    extensions_dir: Optional[str]
+    """TORCH_EXTENSIONS_DIR as the node's env in the cluster file sets it."""
+
+
+class RemoveAnswer(TypedDict):
+    outcome: Dict[str, str]
+    """{path: what was done} (`remove_stale_jit_locks`)."""
+
+
+def remove_main(job: RemoveJob):
+    """doctor --fix on a node: sends RemoveAnswer."""
+    outcome = remove_stale_jit_locks(job["paths"], job["extensions_dir"])
+    answer.send(RemoveAnswer(outcome=outcome))

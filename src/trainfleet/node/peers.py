@@ -177,9 +177,10 @@ def ssh_check(argv, timeout):
 
 
 def active_tests(params, results):
-    """Threads for the outbound TCP and ssh tests; fills `results` in place."""
+    """Threads for the outbound TCP and ssh tests of `params` (`probe.ProbeParams`); fills
+    `results` in place."""
     threads = []
-    deadline = time.time() + params["connect_timeout"] + params.get("skew", 2)
+    deadline = time.time() + params["connect_timeout"] + params["skew"]
     tcp = results.setdefault("tcp", {})
     ssh = results.setdefault("ssh", {})
 
@@ -190,22 +191,21 @@ def active_tests(params, results):
         tcp.setdefault(peer["node"], {})[str(port)] = status
         last_attempt.setdefault(peer["node"], {})[str(port)] = when
 
-    # At most a few handshakes at once per node: N probes each opening N at the same moment
-    # starve each other into timeouts on a loaded machine.
-    ssh_slots = threading.Semaphore(params.get("ssh_parallel", 8))
+    # At most a few handshakes at once (the launch node's PEER_SSH_PARALLEL says why).
+    ssh_slots = threading.Semaphore(params["ssh_parallel"])
 
     def do_ssh(peer):
         with ssh_slots:
-            ssh[peer["node"]] = ssh_check(peer["ssh_argv"], params.get("ssh_timeout", 25))
+            ssh[peer["node"]] = ssh_check(peer["ssh_argv"], params["ssh_timeout"])
 
-    tested = set(params.get("test_peers") or [p["node"] for p in params["peers"]])
+    tested = set(params["test_peers"])
     for peer in params["peers"]:
         if peer["node"] not in tested:
             continue
         if peer["node"] != params["node"]:
             for port in peer["ports"]:
                 threads.append(threading.Thread(target=do_tcp, args=(peer, port)))
-        if peer.get("ssh_argv"):
+        if peer["ssh_argv"]:
             threads.append(threading.Thread(target=do_ssh, args=(peer,)))
     for thread in threads:
         thread.start()

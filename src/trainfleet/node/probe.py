@@ -1,4 +1,4 @@
-"""The node probe: doctor's one program on each node; prints one JSON fact sheet.
+"""The node probe: doctor's one program on each node; sends one FactSheet (`answer.send`).
 
 It never imports trainfleet outside this package: a node needs only python3 for doctor. In one
 run it gathers facts (names, interfaces, routes, listeners, firewall, limits, memory, disk,
@@ -24,8 +24,9 @@ import socket
 import sys
 import threading
 import time
+from typing import Any, Dict, List, Optional, TypedDict
 
-from trainfleet.node import jitlocks, network, peers, software, system
+from trainfleet.node import answer, jitlocks, network, peers, software, system
 
 PROBE_VERSION = 1
 ENV_PREFIXES = ("NCCL_", "GLOO_", "MASTER_", "TORCH_", "CUDA_", "DS_", "TP_SOCKET", "PDSH_")
@@ -35,6 +36,110 @@ BEAT_S = 1.0
 CLIENT_NAME_LIMIT_S = 2.0
 """How long the master's reverse lookups of its clients may take (each rank's connection to
 c10d's store pays one)."""
+
+
+class Peer(TypedDict):
+    """A node this probe tests (and, in `peers`, every node with an address)."""
+
+    node: str
+    address: str
+    ports: List[int]
+    """The ports its probe listens on."""
+    ssh_argv: Optional[List[str]]
+    """The ssh this node makes to it (None: `--quick`, no ssh test)."""
+
+
+class BandwidthTarget(TypedDict):
+    node: str
+    address: str
+    port: int
+
+
+class ProbeParams(TypedDict):
+    """`main`'s input: what `trainfleet.doctor.collect.plan_params` decided for this node."""
+
+    node: str
+    run_id: str
+    """Names the shared-storage token directory, .trainfleet-doctor-RUN_ID."""
+    master_name: str
+    master_addr: Optional[str]
+    workdir: str
+    listen_ports: List[int]
+    owner_ports: List[int]
+    """Ports whose listening process is named (the master port)."""
+    client_addresses: List[str]
+    """Addresses whose reverse lookup c10d's store makes here."""
+    peers: List[Peer]
+    test_peers: List[str]
+    """The names among `peers` this node tests (all of them up to FULL_MATRIX_UP_TO nodes)."""
+    inbound: int
+    """Connections its listeners wait for (replaced by the go line's behind the barrier)."""
+    quick: bool
+    barrier: bool
+    """Say `started`, then wait for the go line before any peer test."""
+    share_token: bool
+    """Write the shared-storage token (False: `launch --dry-run`, nothing written)."""
+    extensions_dir: Optional[str]
+    connect_timeout: float
+    skew: float
+    """How much later than this one a peer's probe may start."""
+    ssh_timeout: float
+    ssh_parallel: int
+    """At most this many ssh handshakes at once from this node."""
+    bandwidth_to: Optional[BandwidthTarget]
+    bandwidth_from: bool
+    bandwidth_seconds: float
+
+
+class GoLine(TypedDict):
+    """The barrier's stdin line (`trainfleet.doctor.collect.go_lines`)."""
+
+    peers: List[str]
+    """The nodes whose probes started: the only ones tested and waited for."""
+    inbound: int
+    bandwidth_from: bool
+
+
+NO_GO = GoLine(peers=[], inbound=0, bandwidth_from=False)
+"""Stdin ended without the go line: no peer is tested."""
+
+
+class FactSheet(TypedDict):
+    """`main`'s answer, parsed once by `trainfleet.doctor.facts.parse_fact_sheet` (which reads
+    each value by its type: a node's words are untrusted)."""
+
+    probe_version: int
+    node: str
+    pid: int
+    time: float
+    hostname: str
+    fqdn: str
+    resolve: Dict[str, Any]
+    interfaces: List[Dict[str, Any]]
+    route_to_master: Optional[Dict[str, Any]]
+    client_names: Dict[str, Any]
+    resolver: Dict[str, Any]
+    listening: List[Dict[str, Any]]
+    firewall: Dict[str, Any]
+    ipv6_disabled: Optional[str]
+    port_range: Optional[str]
+    limits: Dict[str, Any]
+    shm: Optional[Dict[str, Any]]
+    memory: Dict[str, Any]
+    workdir: Dict[str, Any]
+    python: Dict[str, str]
+    packages: Dict[str, str]
+    tools: Dict[str, Optional[str]]
+    path: str
+    cuda_home: Optional[str]
+    env: Dict[str, str]
+    gpus: Any
+    infiniband: Any
+    jit_locks: List[Dict[str, Any]]
+    code: Optional[str]
+    active: Dict[str, Any]
+    """The peer tests' results (`peers.active_tests`), the listeners', the token's."""
+    seconds: float
 
 
 def say(words):
@@ -58,18 +163,17 @@ class Beat:
 
 
 def wait_for_go(params, beat):
-    """The launch node's word that every peer started: {"peers": [names], "inbound": count,
-    "bandwidth_from": whether a peer streams to this one};
-    None where the probe is not run behind the barrier, {} where stdin ended without it."""
-    if not params.get("barrier"):
+    """The launch node's GoLine; None where the probe is not run behind the barrier, NO_GO
+    where stdin ended without it."""
+    if not params["barrier"]:
         return None
     beat.phase = "waiting"
     line = sys.stdin.readline()
     try:
         go = json.loads(line)
     except ValueError:
-        return {}
-    return go if isinstance(go, dict) else {}
+        return NO_GO
+    return go if isinstance(go, dict) else NO_GO
 
 
 def tested(params, go):
@@ -77,30 +181,31 @@ def tested(params, go):
     start (behind the barrier)."""
     if go is None:
         return params
-    names = set(go.get("peers") or [])
+    names = set(go["peers"])
     params = dict(params)
-    params["peers"] = [p for p in params.get("peers", []) if p["node"] in names]
-    params["inbound"] = go.get("inbound", 0)
-    params["bandwidth_from"] = bool(go.get("bandwidth_from"))
-    target = params.get("bandwidth_to")
-    if target and target.get("node") not in names:
+    params["peers"] = [p for p in params["peers"] if p["node"] in names]
+    params["inbound"] = go["inbound"]
+    params["bandwidth_from"] = go["bandwidth_from"]
+    target = params["bandwidth_to"]
+    if target and target["node"] not in names:
         params["bandwidth_to"] = None
     return params
 
 
-def main(params):
-    if params.get("barrier"):
+def main(params: ProbeParams):
+    """Gathers the facts, runs the peer tests, sends the FactSheet (`answer.send`)."""
+    if params["barrier"]:
         say("started")
     beat = Beat("facts")
     started = time.time()
-    workdir = params.get("workdir") or os.getcwd()
+    workdir = params["workdir"]
     me = params["node"]
     active = {}
-    listeners = peers.Listeners(params.get("listen_ports", []))
+    listeners = peers.Listeners(params["listen_ports"])
     active["listen_since"] = time.time()
-    token_dir = os.path.join(workdir, ".trainfleet-doctor-%s" % params.get("run_id", "x"))
+    token_dir = os.path.join(workdir, ".trainfleet-doctor-%s" % params["run_id"])
     # No token (and no shared-storage facts) where the launcher promised to write nothing.
-    share_token = bool(params.get("peers")) and params.get("share_token", True)
+    share_token = bool(params["peers"]) and params["share_token"]
     if share_token:
         try:
             os.mkdir(token_dir)  # never makedirs: a missing workdir is a finding, not created
@@ -112,24 +217,19 @@ def main(params):
     hostname = socket.gethostname()
     dists = software.dist_infos()
     versions = software.package_versions(dists)
-    facts = {
+    facts = {  # FactSheet
         "probe_version": PROBE_VERSION,
         "node": me,
         "pid": os.getpid(),
         "time": time.time(),
         "hostname": hostname,
         "fqdn": socket.getfqdn(),
-        "resolve": {
-            name: network.resolve(name)
-            for name in {hostname, params.get("master_name") or hostname}
-        },
+        "resolve": {name: network.resolve(name) for name in {hostname, params["master_name"]}},
         "interfaces": network.interfaces(),
-        "route_to_master": network.route_to(params.get("master_addr")),
-        "client_names": network.client_names(
-            params.get("client_addresses", []), CLIENT_NAME_LIMIT_S
-        ),
+        "route_to_master": network.route_to(params["master_addr"]),
+        "client_names": network.client_names(params["client_addresses"], CLIENT_NAME_LIMIT_S),
         "resolver": network.resolver(),
-        "listening": network.listening(set(params.get("owner_ports", []))),
+        "listening": network.listening(set(params["owner_ports"])),
         "firewall": network.firewall(),
         "ipv6_disabled": system.read_first("/proc/sys/net/ipv6/conf/all/disable_ipv6"),
         "port_range": system.read_first("/proc/sys/net/ipv4/ip_local_port_range"),
@@ -149,9 +249,9 @@ def main(params):
         "env": {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES)},
         "gpus": system.gpus(),
         "infiniband": system.infiniband(),
-        "jit_locks": jitlocks.jit_locks(params.get("extensions_dir")),
+        "jit_locks": jitlocks.jit_locks(params["extensions_dir"]),
         "code": None
-        if params.get("quick") or not os.path.isdir(workdir)
+        if params["quick"] or not os.path.isdir(workdir)
         else system.code_hash(workdir),
     }
     waiting = time.time()
@@ -161,10 +261,10 @@ def main(params):
         active["go_wait"] = round(window - waiting, 3)
     beat.phase = "peers"
     params = tested(params, go)
-    threads = peers.active_tests(params, active) if params.get("peers") else []
+    threads = peers.active_tests(params, active) if params["peers"] else []
     for thread in threads:
         thread.join()
-    target = params.get("bandwidth_to")
+    target = params["bandwidth_to"]
     reachable = (
         active.get("tcp", {})
         .get((target or {}).get("node"), {})
@@ -175,13 +275,12 @@ def main(params):
         active["bandwidth_send"] = "skipped: the port is not reachable"
     elif target:
         active["bandwidth_send"] = peers.send_stream(
-            target["address"], target["port"], params.get("bandwidth_seconds", 0.3)
+            target["address"], target["port"], params["bandwidth_seconds"]
         )
-    others = [p for p in params.get("peers", []) if p["node"] != me]
-    inbound = params.get("inbound", len(others) * len(listeners.sockets))
+    others = [p for p in params["peers"] if p["node"] != me]
     listeners.close_when(
-        inbound + (1 if params.get("bandwidth_from") else 0),
-        window + params.get("connect_timeout", 3) + 2 * params.get("skew", 2),
+        params["inbound"] + (1 if params["bandwidth_from"] else 0),
+        window + params["connect_timeout"] + 2 * params["skew"],
     )
     active["listen"] = listeners.status
     active["listen_until"] = listeners.closed_at
@@ -197,4 +296,4 @@ def main(params):
         active["shared"] = {p["node"]: p["node"] in seen for p in others}
     facts["active"] = active
     facts["seconds"] = round(time.time() - started, 3)
-    sys.stdout.write(json.dumps(facts) + "\n")
+    answer.send(facts)

@@ -17,6 +17,8 @@ import subprocess
 import sys
 import time
 
+from trainfleet.node import shim
+
 DUMP_TIMEOUT_S = 10
 FLIGHT_RECORD_WAIT_S = 2.0
 """How long the ranks of a node get to write their Flight Recorder summaries (the shim's
@@ -25,7 +27,7 @@ thread looks for a request every 0.5 s)."""
 
 def tagged(run_id, environ):
     """Whether a process environment (/proc/PID/environ's bytes) is this run's."""
-    tag = ("TRAINFLEET_RUN_ID=" + run_id).encode()
+    tag = ("%s=%s" % (shim.RUN_ID_ENV, run_id)).encode()
     return tag in environ.split(b"\0")
 
 

@@ -1,7 +1,7 @@
 """`setup pyenv`'s jobs on a node: what its training environment holds, and installing wheels
 into it with no index (the nodes of such clusters often have no internet).
 
-    >>> import sys; found = facts({"target": sys.prefix})
+    >>> import sys; found = facts(InspectJob(target=sys.prefix))
     >>> found["version"] == "%d.%d.%d" % sys.version_info[:3], "pip" in found["packages"]
     (True, True)
 
@@ -14,14 +14,47 @@ resolving dependencies (the launch node sent the whole set), then byte-compiles 
 core. The wheel directory, trainfleet's own, is removed afterwards.
 """
 
-import json
 import os
 import platform
 import shutil
 import subprocess
 import sys
+from typing import Dict, List, Optional, TypedDict
 
-from trainfleet.node import isolated, software
+from trainfleet.node import answer, isolated, software
+
+
+class InspectJob(TypedDict):
+    target: str
+    """The environment's directory (it may not exist yet)."""
+
+
+class EnvFacts(TypedDict):
+    """`inspect`'s answer (`facts`), checked by `trainfleet.setup.pyenv.parse_node_env`."""
+
+    executable: str
+    version: str
+    implementation: str
+    in_target: bool
+    target_exists: bool
+    packages: Dict[str, str]
+    """What the target holds, {name: version} (empty where this python is not the target's)."""
+    libc: str
+    libc_version: str
+    machine: str
+    driver: Optional[str]
+    free_bytes: int
+    writable: bool
+    path: str
+
+
+class InstallJob(TypedDict):
+    target: str
+    dir: str
+    """Where the wheels were put (removed once installed)."""
+    wheels: List[str]
+    pip: str
+    """The file name of pip's own wheel among them."""
 
 
 def _driver():
@@ -41,13 +74,13 @@ def _driver():
     return lines[0] if done.returncode == 0 and lines else None
 
 
-def inspect(job):
-    """Prints `facts` as one JSON line."""
-    print(json.dumps(facts(job)))
+def inspect(job: InspectJob):
+    """Sends `facts`."""
+    answer.send(facts(job))
     return 0
 
 
-def facts(job):
+def facts(job: InspectJob):
     """This python (version, implementation, whether it is the target's), the packages it sees
     when it is, glibc, machine, NVIDIA driver, free disk where the target is (or would be)."""
     target = os.path.abspath(job["target"])
@@ -57,24 +90,24 @@ def facts(job):
     while not os.path.isdir(parent):
         parent = os.path.dirname(parent)
     disk = os.statvfs(parent)
-    return {
-        "executable": sys.executable,
-        "version": "%d.%d.%d" % sys.version_info[:3],
-        "implementation": sys.implementation.name,
-        "in_target": in_target,
-        "target_exists": os.path.exists(target),
-        "packages": {k: v[0] for k, v in software.dist_infos().items()} if in_target else {},
-        "libc": libc,
-        "libc_version": libc_version,
-        "machine": platform.machine(),
-        "driver": _driver(),
-        "free_bytes": disk.f_bavail * disk.f_frsize,
-        "writable": os.access(parent, os.W_OK),
-        "path": os.environ.get("PATH", ""),
-    }
+    return EnvFacts(
+        executable=sys.executable,
+        version="%d.%d.%d" % sys.version_info[:3],
+        implementation=sys.implementation.name,
+        in_target=in_target,
+        target_exists=os.path.exists(target),
+        packages={k: v[0] for k, v in software.dist_infos().items()} if in_target else {},
+        libc=libc,
+        libc_version=libc_version,
+        machine=platform.machine(),
+        driver=_driver(),
+        free_bytes=disk.f_bavail * disk.f_frsize,
+        writable=os.access(parent, os.W_OK),
+        path=os.environ.get("PATH", ""),
+    )
 
 
-def install(job):
+def install(job: InstallJob):
     """Makes job["target"] a venv if it is not one (with this python), then installs
     job["wheels"] (file names in job["dir"]) with the pip wheel job["pip"]. -> pip's exit code;
     its output goes to stderr."""

@@ -49,11 +49,22 @@ import time
 
 MARK = "@@trainfleet"
 
+# The rank contract: the variables the launch side's plans set on every rank
+# (trainfleet.launch.backends.ssh and .deepspeed), named here only.
+RUN_ID_ENV = "TRAINFLEET_RUN_ID"
+"""This run's id: marks the shim's lines and the run's processes (`procs.kill_run`)."""
+RESTART_ENV = "TRAINFLEET_RESTART"
+"""How many times the run was started again (`--max-restarts`): for the user's script."""
+LOCAL_RANK_ARG_ENV = "TRAINFLEET_LOCAL_RANK_ARG"
+"""auto | always | never: whether the script gets `--local_rank=N`."""
+NO_PYTHON_ENV = "TRAINFLEET_NO_PYTHON"
+"""1: every command runs as an executable, never in this process (`launch --no-python`)."""
+
 
 def mark(event):
     sys.stderr.write(
         "%s:%s:%s:%s\n"
-        % (MARK, os.environ.get("TRAINFLEET_RUN_ID", "-"), event, os.environ.get("RANK", "?"))
+        % (MARK, os.environ.get(RUN_ID_ENV, "-"), event, os.environ.get("RANK", "?"))
     )
     sys.stderr.flush()
 
@@ -201,7 +212,7 @@ def beat(step, **fields):
     need not have trainfleet installed)."""
     line = {"step": int(step), "pid": os.getpid()}
     line.update((k, v) for k, v in fields.items() if v is not None)
-    run_id, rank = os.environ.get("TRAINFLEET_RUN_ID", "-"), os.environ.get("RANK", "0")
+    run_id, rank = os.environ.get(RUN_ID_ENV, "-"), os.environ.get("RANK", "0")
     sys.stderr.write("%s:%s:beat:%s:%s\n" % (MARK, run_id, rank, json.dumps(line)))
     sys.stderr.flush()
 
@@ -474,7 +485,7 @@ def main(argv):
         prefix_output(("[default%s]:" % os.environ.get("LOCAL_RANK", "0")).encode())
     is_module = argv[0] == "-m"
     target, args = (argv[1], argv[2:]) if is_module else (argv[0], argv[1:])
-    mode = os.environ.get("TRAINFLEET_LOCAL_RANK_ARG", "auto")
+    mode = os.environ.get(LOCAL_RANK_ARG_ENV, "auto")
     if not is_module and not target.endswith(".py"):
         path = resolve(target)
         if path is None:
@@ -484,7 +495,7 @@ def main(argv):
             )
             mark("exit=127")
             sys.exit(127)
-        if os.environ.get("TRAINFLEET_NO_PYTHON") == "1" or not python_shebang(path):
+        if os.environ.get(NO_PYTHON_ENV) == "1" or not python_shebang(path):
             # An executable gets --local_rank only when asked (`--local-rank-arg always`).
             if mode == "always":
                 local = "--local_rank=%s" % os.environ.get("LOCAL_RANK", "0")

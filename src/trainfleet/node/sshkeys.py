@@ -1,13 +1,13 @@
 """The one job `setup ssh` runs on each node (and on this machine): keys, known_hosts,
-authorized_keys. Shipped like every node program (`trainfleet.node`); `run(job)` prints the
-result.
+authorized_keys. Shipped like every node program (`trainfleet.node`); `run(job)` sends its
+TrustAnswer (`answer.send`).
 
     >>> parse_ssh_g("hostname 10.0.0.2\\nuserknownhostsfile /h/kh /h/kh2")["userknownhostsfile"]
     ['/h/kh', '/h/kh2']
     >>> pick_identity(None, [], exists=lambda path: False)[1]  # nothing there: create one
     True
 
-A job is a JSON object; every field is optional:
+A job is a TrustJob, built by `job(**asked)` (what is not asked for is None or empty):
 
     identity     private key to use (None: what `ssh -G` says, else the first default key that
                  exists, else ~/.ssh/id_ed25519)
@@ -20,15 +20,16 @@ A job is a JSON object; every field is optional:
     authorize    public keys to add to ~/.ssh/authorized_keys when missing
     dry_run      report what would change, change nothing
 
-The result (one JSON line on stdout) says what is there and what changed. Every change only
-appends, except `remove`, which `ssh-keygen -R` makes (it keeps FILE.old).
+The answer (TrustAnswer) says what is there and what changed. Every change only appends,
+except `remove`, which `ssh-keygen -R` makes (it keeps FILE.old).
 """
 
-import json
 import os
 import socket
 import subprocess
-import sys
+from typing import Dict, List, Optional, TypedDict
+
+from trainfleet.node import answer
 
 DEFAULT_IDENTITIES = (
     "id_rsa",
@@ -40,6 +41,51 @@ DEFAULT_IDENTITIES = (
     "id_dsa",
 )
 NEW_KEY = "~/.ssh/id_ed25519"
+
+
+class TrustJob(TypedDict):
+    """`main`'s input; the fields are described in the module's docstring."""
+
+    identity: Optional[str]
+    known_hosts: Optional[str]
+    ssh_g: Optional[List[str]]
+    lookup: List[str]
+    make_key: bool
+    remove: List[str]
+    add_known: List[str]
+    authorize: List[str]
+    dry_run: bool
+
+
+class TrustAnswer(TypedDict):
+    hostname: str
+    uid: int
+    identity: str
+    key_created: bool
+    known_hosts: str
+    authorized_keys: str
+    pubkey: Optional[str]
+    key_missing: bool
+    known: Dict[str, List[str]]
+    """{name asked in `lookup`: its known keys}."""
+    removed: List[str]
+    known_added: int
+    authorized_added: int
+
+
+def job(**asked):
+    """A TrustJob that asks for `asked` and nothing else: the launch side's one builder.
+
+    >>> job(lookup=["gpu-node-1"])["make_key"], job(lookup=["gpu-node-1"])["lookup"]
+    (False, ['gpu-node-1'])
+    """
+    nothing = TrustJob(identity=None, known_hosts=None, ssh_g=None, lookup=[], make_key=False,
+                       remove=[], add_known=[], authorize=[], dry_run=False)  # fmt: skip
+    unknown = set(asked) - set(nothing)
+    if unknown:
+        raise TypeError("not a trust job field: %s" % ", ".join(sorted(unknown)))
+    nothing.update(asked)
+    return nothing
 
 
 def parse_ssh_g(text):
@@ -143,16 +189,17 @@ def make_key(private):
         raise RuntimeError("ssh-keygen failed: " + err.strip())
 
 
-def main(job):
-    dry_run = bool(job.get("dry_run"))
+def main(job: TrustJob):
+    """-> TrustAnswer."""
+    dry_run = job["dry_run"]
     settings = {"identityfile": [], "userknownhostsfile": []}
-    if job.get("ssh_g"):
+    if job["ssh_g"]:
         code, out, _ = _run(job["ssh_g"])
         if code == 0:
             settings = parse_ssh_g(out)
     known_files = settings["userknownhostsfile"] or ["~/.ssh/known_hosts"]
-    known_hosts = os.path.expanduser(job.get("known_hosts") or known_files[0])
-    identity, missing = pick_identity(job.get("identity"), settings["identityfile"], os.path.exists)
+    known_hosts = os.path.expanduser(job["known_hosts"] or known_files[0])
+    identity, missing = pick_identity(job["identity"], settings["identityfile"], os.path.exists)
     result = {
         "hostname": socket.gethostname(),
         "uid": os.getuid(),
@@ -161,26 +208,26 @@ def main(job):
         "known_hosts": known_hosts,
         "authorized_keys": os.path.expanduser("~/.ssh/authorized_keys"),
     }
-    if missing and job.get("make_key") and not dry_run:
+    if missing and job["make_key"] and not dry_run:
         make_key(identity)
         missing, result["key_created"] = False, True
     result["pubkey"] = None if missing else public_key(identity)
     result["key_missing"] = missing
-    result["known"] = {name: known_keys(known_hosts, name) for name in job.get("lookup", [])}
+    result["known"] = {name: known_keys(known_hosts, name) for name in job["lookup"]}
     removed = []
-    for name in job.get("remove", []):
+    for name in job["remove"]:
         if known_keys(known_hosts, name):
             removed.append(name)
             if not dry_run:
                 _run(["ssh-keygen", "-R", name, "-f", known_hosts])
     result["removed"] = removed
-    result["known_added"] = append_missing(known_hosts, job.get("add_known", []), dry_run)
+    result["known_added"] = append_missing(known_hosts, job["add_known"], dry_run)
     result["authorized_added"] = append_missing(
-        result["authorized_keys"], job.get("authorize", []), dry_run, by_key=True
+        result["authorized_keys"], job["authorize"], dry_run, by_key=True
     )
     return result
 
 
-def run(job):
-    """The node's entry: main's result as one JSON line on stdout."""
-    sys.stdout.write(json.dumps(main(job)) + "\n")
+def run(job: TrustJob):
+    """The node's entry: main's TrustAnswer, sent."""
+    answer.send(main(job))

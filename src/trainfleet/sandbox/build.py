@@ -24,6 +24,7 @@ from pathlib import Path
 from trainfleet import node as node_programs
 from trainfleet.cluster import DEFAULT_MASTER_PORT
 from trainfleet.errors import SandboxError
+from trainfleet.node import porthold
 from trainfleet.sandbox import cpu, files, hostile, netns, users
 from trainfleet.sandbox.faults import (
     BARE_PATH,
@@ -514,10 +515,12 @@ def _port_open(address: str, port: int) -> bool:
 def _start_port_holders(sandbox: Sandbox) -> None:
     """The 'leftover process from the last run' that holds the master port (seed 000 §5.3),
     and the resolver that never answers (`dns-unreachable`)."""
-    holds = [(i, "hold", [sandbox.master_port]) for i in _faulted(sandbox, "port-in-use")]
-    holds += [(i, "hold_udp", [SILENT_RESOLVER, 53]) for i in _faulted(sandbox, "dns-unreachable")]
+    holds = [(i, porthold.hold, [sandbox.master_port]) for i in _faulted(sandbox, "port-in-use")]
+    holds += [
+        (i, porthold.hold_udp, [SILENT_RESOLVER, 53]) for i in _faulted(sandbox, "dns-unreachable")
+    ]
     for index, function, args in holds:
-        argv = sandbox.exec_argv(index, node_programs.argv("python3", "porthold"))
+        argv = sandbox.exec_argv(index, node_programs.argv("python3", function))
         proc = subprocess.Popen(
             argv,
             stdin=subprocess.PIPE,
@@ -526,7 +529,7 @@ def _start_port_holders(sandbox: Sandbox) -> None:
             start_new_session=True,
             text=True,
         )
-        proc.stdin.write(node_programs.line("porthold", function, *args).decode())
+        proc.stdin.write(node_programs.line(function, *args).decode())
         proc.stdin.close()
         if proc.stdout.readline().strip() != "ready":
             raise SandboxError(f"node {index}: the fault's holder could not bind its port", "retry")

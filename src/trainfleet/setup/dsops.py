@@ -1,8 +1,8 @@
 """`setup pyenv`'s last part: DeepSpeed's JIT-built ops, built on one node during setup and
 copied to the others, instead of compiled on every node at the first launch.
 
-    >>> parse_state('{"root": "/home/u/.cache/torch_extensions/py311_cpu",'
-    ...             ' "ops": {"fused_adam": "stale"}}', ("fused_adam",)).todo
+    >>> said = '{"root": "/home/u/.cache/torch_extensions/py311_cpu", "ops": {"fused_adam": "old"}}'
+    >>> parse_state("@@trainfleet-answer " + said, ("fused_adam",), node="n1").todo
     ['fused_adam']
     >>> chosen("fused_adam,cpu_adam", {"deepspeed"}, cpu_torch=False)
     ('fused_adam', 'cpu_adam')
@@ -30,16 +30,18 @@ torch has no GPU support (the sandboxes). `--ds-ops none` leaves them to the fir
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib import metadata
+from types import ModuleType
 
 from trainfleet import node as node_programs
 from trainfleet.cluster import Cluster, Node
-from trainfleet.errors import SetupError
+from trainfleet.errors import NodeAnswerError, SetupError
+from trainfleet.node import dsops as node_dsops
+from trainfleet.node import files
 from trainfleet.node.dsops import cuda_tag
 from trainfleet.nodeset import fold_names
 from trainfleet.remote import run_on_nodes
@@ -57,8 +59,8 @@ RESULTS = ("built", "current", "prebuilt", "incompatible", "unknown", "failed")
 _OP = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,60}")
 _PATH = re.compile(r"/[A-Za-z0-9_./+,=@%~-]{0,4000}")
 
-ArgvFor = Callable[[str], list[str]]
-"""program name -> the argv that runs that node program with the target environment's python."""
+ArgvFor = Callable[[ModuleType], list[str]]
+"""node module -> the argv that runs that node program with the target environment's python."""
 
 
 def torch_is_cpu_only() -> bool:
@@ -99,15 +101,16 @@ class OpsState:
         return [name for name, state in self.ops.items() if state not in ("current", "prebuilt")]
 
 
-def parse_state(stdout: str, wanted: Sequence[str]) -> OpsState:
-    lines = [line for line in stdout.splitlines() if line.startswith('{"root"')]
-    if not lines:
-        raise ValueError("no report")
-    raw = json.loads(lines[-1])
-    root = raw.get("root")
+def parse_state(stdout: str, wanted: Sequence[str], *, node: str) -> OpsState:
+    """`node_dsops.state`'s answer, checked; ValueError saying what is wrong with it."""
+    try:
+        raw = node_programs.read_answer(stdout, node_dsops.OpsState, node=node)
+    except NodeAnswerError as exc:
+        raise ValueError(exc.problem) from None
+    root = raw["root"]
     if root is not None and not (isinstance(root, str) and _PATH.fullmatch(root)):
         raise ValueError(f"extensions directory {printable(str(root))!r}")
-    states = raw.get("ops") if isinstance(raw.get("ops"), dict) else {}
+    states = raw["ops"] if isinstance(raw["ops"], dict) else {}
     ops = {n: states[n] if states.get(n) in STATES else "missing" for n in wanted}
     return OpsState(root=root, ops=ops)
 
@@ -120,23 +123,22 @@ class Built:
     error: str = ""
 
 
-def parse_build(stdout: str, wanted: Sequence[str]) -> list[Built]:
-    """The node's per-op lines, in `wanted`'s order; an op it did not report counts as failed."""
+def parse_build(stdout: str, wanted: Sequence[str], *, node: str) -> list[Built]:
+    """The node's answer per op (`node_dsops.OpBuilt`), in `wanted`'s order; an op it did not
+    report counts as failed, every op where one of its answers is malformed."""
+    try:
+        answers = node_programs.read_answers(stdout, node_dsops.OpBuilt, node=node)
+    except NodeAnswerError as exc:
+        return [Built(op=n, result="failed", error=f"its answer: {exc.problem}") for n in wanted]
     seen = {}
-    for line in stdout.splitlines():
-        if not line.startswith('{"op"'):
-            continue
-        try:
-            raw = json.loads(line)
-        except ValueError:
-            continue
-        if raw.get("op") in wanted and raw.get("result") in RESULTS:
-            seconds = raw.get("seconds")
+    for raw in answers:
+        if raw["op"] in wanted and raw["result"] in RESULTS:
+            seconds = raw["seconds"]
             seen[raw["op"]] = Built(
                 op=raw["op"],
                 result=raw["result"],
                 seconds=float(seconds) if isinstance(seconds, (int, float)) else 0.0,
-                error=printable(str(raw.get("error") or ""))[-1500:],
+                error=printable(str(raw["error"] or ""))[-1500:],
             )
     return [seen.get(n) or Built(op=n, result="failed", error="no report") for n in wanted]
 
@@ -145,12 +147,12 @@ def survey(cluster: Cluster, hosts: Sequence[str], argv_for: ArgvFor, target: st
            ops: Sequence[str], envs: dict[str, dict[str, str]]) -> dict[str, OpsState]:  # fmt: skip
     """{host: its ops' state}; a node that gives no usable answer has all of them to build."""
     nodes = [cluster.node(h) for h in hosts]
-    job = {"target": target, "ops": list(ops)}
-    stdin = {h: node_programs.line("dsops", "state", {**job, "env": envs[h]}) for h in hosts}
+    jobs = {h: node_dsops.OpsJob(target=target, ops=list(ops), env=envs[h]) for h in hosts}
+    stdin = {h: node_programs.line(node_dsops.state, jobs[h]) for h in hosts}
     found = {}
-    for result in run_on_nodes(nodes, argv_for("dsops"), stdin=stdin, timeout=120):
+    for result in run_on_nodes(nodes, argv_for(node_dsops), stdin=stdin, timeout=120):
         try:
-            found[result.node] = parse_state(result.stdout, ops)
+            found[result.node] = parse_state(result.stdout, ops, node=result.node)
         except ValueError:
             found[result.node] = OpsState(root=None, ops=dict.fromkeys(ops, "missing"))
     return found
@@ -158,9 +160,11 @@ def survey(cluster: Cluster, hosts: Sequence[str], argv_for: ArgvFor, target: st
 
 def _build(node: Node, argv_for: ArgvFor, target: str, ops: Sequence[str],
            env: dict[str, str]) -> list[Built]:  # fmt: skip
-    stdin = node_programs.line("dsops", "build", {"target": target, "ops": list(ops), "env": env})
-    [done] = run_on_nodes([node], argv_for("dsops"), stdin=stdin, timeout=COPY_TIMEOUT_S)
-    built = parse_build(done.stdout, ops)
+    stdin = node_programs.line(
+        node_dsops.build, node_dsops.OpsJob(target=target, ops=list(ops), env=env)
+    )
+    [done] = run_on_nodes([node], argv_for(node_dsops), stdin=stdin, timeout=COPY_TIMEOUT_S)
+    built = parse_build(done.stdout, ops, node=node.host)
     reported = [b for b in built if b.error != "no report"]
     if not done.ok and not any(b.result == "failed" for b in reported):
         # it died before or between its reports (deepspeed did not import, a timeout): its
@@ -195,9 +199,9 @@ def _copy(source: Node, source_root: str, node: Node, root: str, ops: Sequence[s
     stage = (ended.extracted_out.splitlines() or [""])[-1]
     if not re.fullmatch(re.escape(f"{root}/{STAGE_PREFIX}") + "[A-Za-z0-9]+", stage):
         return f"unpacking them printed {printable(stage)[-200:]!r}, not the directory it used"
-    job = {"root": root, "stage": stage, "names": list(ops)}
-    stdin = node_programs.line("files", "take_staged", job)
-    [took] = run_on_nodes([node], argv_for("files"), stdin=stdin, timeout=120)
+    job = files.StagedJob(root=root, stage=stage, names=list(ops))
+    stdin = node_programs.line(files.take_staged, job)
+    [took] = run_on_nodes([node], argv_for(files), stdin=stdin, timeout=120)
     if not took.ok:
         return printable(took.stderr.strip())[-500:] or took.reason()
     return ""

@@ -24,7 +24,8 @@ from pathlib import Path
 from trainfleet import node as node_programs
 from trainfleet.cluster import Cluster
 from trainfleet.doctor.checks import network
-from trainfleet.errors import SetupError
+from trainfleet.errors import NodeAnswerError, SetupError
+from trainfleet.node import files
 from trainfleet.remote import run_on_nodes
 from trainfleet.setup import verify
 from trainfleet.setup.fwstate import save_state
@@ -92,18 +93,20 @@ def load_state(path: str, *, must_exist: bool = False) -> dict:
     return state
 
 
-def _edit(cluster: Cluster, jobs: dict[str, dict]) -> tuple[dict[str, dict], list[str]]:
+def _edit(
+    cluster: Cluster, jobs: dict[str, files.HostsJob]
+) -> tuple[dict[str, files.HostsAnswer], list[str]]:
     """The node job `files.edit_hosts` on each node (with `sudo -n` where the login is not
     root): its checked answer per node, and what failed."""
     from trainfleet.setup.fwapply import sudo_prefixes
 
     nodes = [cluster.node(h) for h in jobs]
     sudo = sudo_prefixes(nodes)
-    argv = {h: sudo[h] + node_programs.argv(verify.PROBE_PYTHON, "files") for h in jobs}
-    stdin = {h: node_programs.line("files", "edit_hosts", job) for h, job in jobs.items()}
+    argv = {h: sudo[h] + node_programs.argv(verify.PROBE_PYTHON, files.edit_hosts) for h in jobs}
+    stdin = {h: node_programs.line(files.edit_hosts, job) for h, job in jobs.items()}
     answers, failed = {}, []
     for r in run_on_nodes(nodes, argv, stdin=stdin, timeout=TIMEOUT_S):
-        answer = _answer(r.stdout, jobs[r.node]) if r.ok else None
+        answer = _answer(r.stdout, jobs[r.node], r.node) if r.ok else None
         if answer is None:
             why = r.reason() if not r.ok else "its answer is not the lines it was asked about"
             failed.append(f"{r.node}: {why}")
@@ -112,17 +115,15 @@ def _edit(cluster: Cluster, jobs: dict[str, dict]) -> tuple[dict[str, dict], lis
     return answers, failed
 
 
-def _answer(stdout: str, job: dict) -> dict | None:
-    lines = stdout.strip().splitlines()
+def _answer(stdout: str, job: files.HostsJob, host: str) -> files.HostsAnswer | None:
+    """The node's answer where it speaks only of the lines it was asked about; else None."""
     try:
-        answer = json.loads(lines[-1]) if lines else None
-    except ValueError:
-        return None
-    if not isinstance(answer, dict):
+        answer = node_programs.read_answer(stdout, files.HostsAnswer, node=host)
+    except NodeAnswerError:
         return None
     for key, asked in (("added", "add"), ("removed", "remove")):
-        said = answer.get(key)
-        if not isinstance(said, list) or not set(said) <= set(job.get(asked, [])):
+        said = answer[key]
+        if not isinstance(said, list) or not set(said) <= set(job[asked]):
             return None
     return answer
 
@@ -155,7 +156,11 @@ def setup_hosts(
                 for line in lines:
                     result.add(host, f"would remove from {HOSTS_FILE}: {_shown(line)}")
             return result
-        jobs = {h: {"file": HOSTS_FILE, "remove": ls} for h, ls in state["nodes"].items() if ls}
+        jobs = {
+            h: files.HostsJob(file=HOSTS_FILE, add=[], remove=ls)
+            for h, ls in state["nodes"].items()
+            if ls
+        }
         answers, failed = _edit(cluster, jobs)
         for host, answer in answers.items():
             for line in jobs[host]["remove"]:
@@ -185,7 +190,7 @@ def setup_hosts(
             )
         state = load_state(state_file)
         state["cluster"] = cluster.source
-        answers, failed = _edit(cluster, {h: {"file": HOSTS_FILE, "add": ls}
+        answers, failed = _edit(cluster, {h: files.HostsJob(file=HOSTS_FILE, add=ls, remove=[])
                                           for h, ls in planned.items()})  # fmt: skip
         for host, answer in answers.items():
             recorded = state["nodes"].setdefault(host, [])

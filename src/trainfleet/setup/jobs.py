@@ -1,4 +1,4 @@
-"""Run `trainfleet.node.sshkeys` on nodes over BatchMode ssh and read back its JSON, one result
+"""Run `trainfleet.node.sshkeys` on nodes over BatchMode ssh and read back its answer, one result
 per node.
 
 >>> JOB_ARGV[:3]
@@ -7,25 +7,25 @@ per node.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 
 from trainfleet import node as node_programs
 from trainfleet.cluster import Node
-from trainfleet.errors import SetupError
+from trainfleet.errors import NodeAnswerError, SetupError
+from trainfleet.node import sshkeys
 from trainfleet.nodeset import fold_names
 from trainfleet.remote import NodeResult, run_on_nodes
 from trainfleet.setup import hostkeys, verify
 from trainfleet.untrusted import printable, valid_key
 
 JOB_TIMEOUT_S = 60
-JOB_ARGV = node_programs.argv(verify.PROBE_PYTHON, "sshkeys")
+JOB_ARGV = node_programs.argv(verify.PROBE_PYTHON, sshkeys.run)
 """A stdlib python3 reads the job from stdin: nodes need nothing else installed."""
 
 
-def job_line(job: dict) -> bytes:
-    """What JOB_ARGV reads first on stdin: the trust job `job`."""
-    return node_programs.line("sshkeys", "run", job)
+def job_line(asked: dict) -> bytes:
+    """What JOB_ARGV reads first on stdin: the trust job that asks for `asked`."""
+    return node_programs.line(sshkeys.run, sshkeys.job(**asked))
 
 
 def _job_failed(results: Sequence[NodeResult]) -> SetupError:
@@ -48,19 +48,20 @@ def run_jobs(nodes: Sequence[Node], jobs: Mapping[str, dict]) -> dict[str, dict]
     failed = [r for r in results if not r.ok]
     if failed:
         raise _job_failed(failed)
-    return {r.node: read_answer(r.node, r.stdout, jobs[r.node]) for r in results}
+    return {r.node: read_answer(r.node, r.stdout, sshkeys.job(**jobs[r.node])) for r in results}
 
 
-def read_answer(host: str, stdout: str, job: dict) -> dict:
-    """The job's JSON answer, checked field by field: root on the node writes it, and its keys
-    end up in every node's authorized_keys and known_hosts, its paths and names on the screen."""
-    lines = stdout.strip().splitlines()
+def read_answer(host: str, stdout: str, job: sshkeys.TrustJob) -> sshkeys.TrustAnswer:
+    """The job's answer (`trainfleet.node.read_answer`), checked field by field: root on the
+    node writes it, and its keys end up in every node's authorized_keys and known_hosts, its
+    paths and names on the screen."""
     try:
-        answer = json.loads(lines[-1]) if lines else None
-    except ValueError:
-        answer = None
-    problem = "is not a JSON object" if not isinstance(answer, dict) else _problem(answer, job)
-    if problem:
+        answer = node_programs.read_answer(stdout, sshkeys.TrustAnswer, node=host)
+    except NodeAnswerError as exc:
+        answer, problem = None, f"is missing or malformed ({exc.problem})"
+    else:
+        problem = _problem(answer, job)
+    if problem or answer is None:
         raise SetupError(
             f"{host}: the setup job's answer {problem}",
             f"check that `{verify.PROBE_PYTHON}` there is a plain CPython and that ssh-keygen "
@@ -75,7 +76,7 @@ _FLAGS = ("key_created", "key_missing")
 _COUNTS = ("known_added", "authorized_added")
 
 
-def _problem(answer: dict, job: dict) -> str | None:
+def _problem(answer: sshkeys.TrustAnswer, job: sshkeys.TrustJob) -> str | None:
     """What is wrong with a trust job's answer (None: nothing)."""
     for field in _TEXT:
         text = answer.get(field)
@@ -89,14 +90,14 @@ def _problem(answer: dict, job: dict) -> str | None:
     if pubkey is not None and not (isinstance(pubkey, str) and valid_key(pubkey)):
         return f"holds a public key that is not exactly one key ({printable(str(pubkey))[:80]!r})"
     known = answer.get("known")
-    asked = set(job.get("lookup", []))
+    asked = set(job["lookup"])
     if not isinstance(known, dict) or set(known) != asked:
         return "does not list the known keys of exactly the names asked for"
     for name, keys in known.items():
         if not isinstance(keys, list) or not all(isinstance(k, str) and valid_key(k) for k in keys):
             return f"lists known keys for {name} that are not keys"
     removed = answer.get("removed")
-    if not isinstance(removed, list) or not set(removed) <= set(job.get("remove", [])):
+    if not isinstance(removed, list) or not set(removed) <= set(job["remove"]):
         return "says it removed names it was not asked to remove"
     return None
 

@@ -51,7 +51,7 @@ def _keys(views: dict[str, dict], result: SetupResult) -> dict[str, str]:
                 result.add(THIS_MACHINE, f"would create key {path} (ed25519)")
                 made[path] = None
             else:
-                made[path] = sshkeys.main({"identity": path, "make_key": True})["pubkey"]
+                made[path] = sshkeys.main(sshkeys.job(identity=path, make_key=True))["pubkey"]
                 result.add(THIS_MACHINE, f"created key {path} (ed25519)")
         pubkeys[host] = made[path]
     return pubkeys
@@ -68,13 +68,13 @@ def this_machine(
     remote = [node for node in cluster.nodes if not node.is_local]  # localhost: no ssh, no key
     views = {}
     for node in remote:
-        job = {
-            "identity": node.ssh.identity_file,
-            "known_hosts": node.ssh.known_hosts_file,
-            "ssh_g": hostkeys.ssh_g_argv(node),
-            "lookup": targets[node.host].names,
-            "dry_run": True,
-        }
+        job = sshkeys.job(
+            identity=node.ssh.identity_file,
+            known_hosts=node.ssh.known_hosts_file,
+            ssh_g=hostkeys.ssh_g_argv(node),
+            lookup=targets[node.host].names,
+            dry_run=True,
+        )
         views[node.host] = sshkeys.main(job)
     new: list[str] = []
     changed: list[str] = []
@@ -113,7 +113,7 @@ def this_machine(
     pubkeys = _keys(views, result)  # only once the keys were accepted
     for path, (remove, lines) in writes.items():
         done = sshkeys.main(
-            {"known_hosts": path, "remove": remove, "add_known": lines, "dry_run": result.dry_run}
+            sshkeys.job(known_hosts=path, remove=remove, add_known=lines, dry_run=result.dry_run)
         )
         verb = "would add" if result.dry_run else "added"
         if done["removed"]:

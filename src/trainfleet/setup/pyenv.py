@@ -24,7 +24,6 @@ index, and doctor's version checks end the step.
 from __future__ import annotations
 
 import functools
-import json
 import os
 import re
 import sys
@@ -32,12 +31,14 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 
 from trainfleet import node as node_programs
 from trainfleet.cluster import Cluster, Node, parse_cluster_yaml
 from trainfleet.cluster.validate import PATH_RE
-from trainfleet.errors import SetupError
+from trainfleet.errors import NodeAnswerError, SetupError
 from trainfleet.launch.environment import launch_shell_env
+from trainfleet.node import pyenv as node_pyenv
 from trainfleet.nodeset import fold_names
 from trainfleet.remote import run_on_nodes
 from trainfleet.setup import clusteryaml, dsops, verify, wheels
@@ -82,36 +83,37 @@ class NodeEnv:
     implementation: str = "cpython"
 
 
-def parse_node_env(stdout: str) -> NodeEnv:
-    """The last JSON line of `inspect`'s output; ValueError when it is not what it should be."""
-    lines = [line for line in stdout.splitlines() if line.startswith("{")]
-    if not lines:
-        raise ValueError("no report")
-    raw = json.loads(lines[-1])
-    version = str(raw.get("version", ""))
+def parse_node_env(stdout: str, *, node: str) -> NodeEnv:
+    """`node_pyenv.inspect`'s answer (`node_pyenv.EnvFacts`); ValueError when it is not what it
+    should be."""
+    try:
+        raw = node_programs.read_answer(stdout, node_pyenv.EnvFacts, node=node)
+    except NodeAnswerError as exc:
+        raise ValueError(exc.problem) from None
+    version = str(raw["version"])
     if not _VERSION.fullmatch(version):
         raise ValueError(f"python version {printable(version)!r}")
     packages = {}
-    for name, value in (raw.get("packages") or {}).items():
+    for name, value in (raw["packages"] if isinstance(raw["packages"], dict) else {}).items():
         if _WORD.fullmatch(str(name)) and _WORD.fullmatch(str(value)):
             packages[wheels.normalize(name)] = str(value)
 
     def word(key: str) -> str | None:
-        value = raw.get(key)
+        value = raw[key]  # type: ignore[literal-required]
         return str(value) if value and _WORD.fullmatch(str(value)) else None
 
-    free = raw.get("free_bytes")
+    free = raw["free_bytes"]
     return NodeEnv(
         version=version,
         packages=packages,
-        glibc=word("libc_version") if raw.get("libc") == "glibc" else None,
+        glibc=word("libc_version") if raw["libc"] == "glibc" else None,
         machine=word("machine") or "",
         driver=word("driver"),
-        in_target=raw.get("in_target") is True,
-        writable=raw.get("writable") is not False,
+        in_target=raw["in_target"] is True,
+        writable=raw["writable"] is not False,
         free_bytes=free if isinstance(free, int) else None,
-        executable=printable(str(raw.get("executable", ""))),
-        path=path if _PATH.fullmatch(path := str(raw.get("path", ""))) else DEFAULT_PATH,
+        executable=printable(str(raw["executable"])),
+        path=path if _PATH.fullmatch(path := str(raw["path"])) else DEFAULT_PATH,
         implementation=word("implementation") or "unknown",
     )
 
@@ -143,7 +145,7 @@ def plan_node(node: NodeEnv, dists: list[Dist], *, python: str) -> tuple[list[Di
     return todo, reasons
 
 
-def _with_target_python(target: str, python: str, program: str = "pyenv") -> list[str]:
+def _with_target_python(target: str, python: str, program: ModuleType = node_pyenv) -> list[str]:
     """A node program run by TARGET's python when there is one, else by the node's python3.X,
     else python3 (`inspect` and `install` both; `dsops` once TARGET exists)."""
     pick = (
@@ -154,7 +156,7 @@ def _with_target_python(target: str, python: str, program: str = "pyenv") -> lis
 
 
 def inspect_nodes(cluster: Cluster, target: str, python: str) -> dict[str, NodeEnv]:
-    stdin = node_programs.line("pyenv", "inspect", {"target": target})
+    stdin = node_programs.line(node_pyenv.inspect, node_pyenv.InspectJob(target=target))
     results = run_on_nodes(
         cluster.nodes, _with_target_python(target, python), stdin=stdin, timeout=60
     )
@@ -167,7 +169,7 @@ def inspect_nodes(cluster: Cluster, target: str, python: str) -> dict[str, NodeE
     envs, broken = {}, {}
     for result in results:
         try:
-            envs[result.node] = parse_node_env(result.stdout)
+            envs[result.node] = parse_node_env(result.stdout, node=result.node)
         except ValueError as exc:
             broken[result.node] = f"{exc} ({result.reason() if not result.ok else 'exit 0'})"
     if broken:
@@ -213,8 +215,8 @@ def _copy(node: Node, target: str, files: list[Path]) -> str:
 
 
 def _install(node: Node, target: str, python: str, names: list[str], pip: str) -> str:
-    job = {"target": target, "dir": f"{target}/{WHEEL_DIR}", "wheels": names, "pip": pip}
-    stdin = node_programs.line("pyenv", "install", job)
+    job = node_pyenv.InstallJob(target=target, dir=f"{target}/{WHEEL_DIR}", wheels=names, pip=pip)
+    stdin = node_programs.line(node_pyenv.install, job)
     [done] = run_on_nodes([node], _with_target_python(target, python), stdin=stdin,
                           timeout=COPY_TIMEOUT_S)  # fmt: skip
     if done.ok:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from trainfleet import node as node_programs
 from trainfleet.cluster import Node
+from trainfleet.node import files as node_files
 from trainfleet.node.files import STAGE_PREFIX, is_excluded
 from trainfleet.remote import node_argv, run_on_nodes, ssh_options
 
@@ -155,9 +156,9 @@ def _tar_copy(node: Node, directory: str, excludes: Sequence[str]) -> str:
         return f"tar here: {create_err.strip()}"
     if extract.returncode != 0:
         return extract_err.decode(errors="replace").strip() or f"exit {extract.returncode}"
-    job = {"root": directory, "keep": keep, "excludes": list(excludes)}
-    prune = node_programs.line("files", "prune", job)
-    argv = node_programs.argv("python3", "files")
+    job = node_files.PruneJob(root=directory, keep=keep, excludes=list(excludes))
+    prune = node_programs.line(node_files.prune, job)
+    argv = node_programs.argv("python3", node_files.prune)
     [pruned] = run_on_nodes([node], argv, stdin=prune, timeout=120)
     return "" if pruned.ok else f"removing files only on the node: {pruned.reason()}"
 

@@ -1,17 +1,20 @@
 r"""Parsing a node's answer into a `NodeFacts`: the version checked, every other field taken
 for what it is or as unknown.
 
-    >>> answer = 'noise\n{"probe_version": %d, "node": "n1"}\n' % PROBE_VERSION
-    >>> read_fact_sheet(answer, node="n1").node
+    >>> import json
+    >>> from trainfleet.node import answer, probe
+    >>> sheet = {**dict.fromkeys(probe.FactSheet.__required_keys__), "node": "n1"}
+    >>> sheet["probe_version"] = PROBE_VERSION
+    >>> read_fact_sheet("noise\n%s%s\n" % (answer.MARK, json.dumps(sheet)), node="n1").node
     'n1'
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from trainfleet import node as node_programs
 from trainfleet.doctor.facts.sheet import (
     Active,
     ClientName,
@@ -38,8 +41,8 @@ from trainfleet.doctor.facts.sheet import (
     Transfer,
     Workdir,
 )
-from trainfleet.errors import TrainfleetError
-from trainfleet.node.probe import PROBE_VERSION
+from trainfleet.errors import NodeAnswerError, TrainfleetError
+from trainfleet.node.probe import PROBE_VERSION, FactSheet
 
 T = TypeVar("T")
 
@@ -350,17 +353,12 @@ def parse_fact_sheet(sheet: Any, *, node: str) -> NodeFacts:
 
 
 def read_fact_sheet(stdout: str, *, node: str) -> NodeFacts:
-    """The probe's output (its last JSON line) as NodeFacts; FactSheetError when there is none
-    or it is not one this trainfleet reads."""
-    for line in reversed(stdout.splitlines()):
-        if line.startswith("{"):
-            try:
-                sheet = json.loads(line)
-            except ValueError:
-                break
-            return parse_fact_sheet(sheet, node=node)
-    raise FactSheetError(
-        f"{node}'s probe printed no fact sheet",
-        f"see what answers on {node} (`trainfleet exec -- python3 --version`): a wrapper or a "
-        "profile script may print in the probe's place",
-    )
+    """The probe's answer (`trainfleet.node.read_answer`) as NodeFacts; FactSheetError when
+    there is none or it is not one this trainfleet reads."""
+    try:
+        sheet = node_programs.read_answer(stdout, FactSheet, node=node)
+    except NodeAnswerError as exc:
+        raise FactSheetError(
+            f"{node}'s probe sent no fact sheet ({exc.problem})", exc.fix
+        ) from None
+    return parse_fact_sheet(sheet, node=node)

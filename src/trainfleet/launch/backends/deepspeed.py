@@ -52,7 +52,9 @@ from trainfleet.launch.backends import over_ssh
 from trainfleet.launch.environment import RUNNER_EXPORTS, env_lines, node_env
 from trainfleet.launch.masking import holds_secret, masked, masked_argv
 from trainfleet.launch.options import LaunchFacts, LaunchOptions, master_port
-from trainfleet.node import isolated
+from trainfleet.node import isolated, shim
+from trainfleet.node.files import put_private
+from trainfleet.node.procs import kill_run
 from trainfleet.remote import run_on_nodes, ssh_options
 
 NODE_TABLE = "node_env.json"
@@ -181,15 +183,15 @@ def plan_deepspeed(
     node_dir = f"/tmp/trainfleet-{options.run_id}"
     no_gpus = all(facts.get(n.host, LaunchFacts()).gpus == 0 for n in cluster.nodes)
     ds_env = {
-        "TRAINFLEET_RUN_ID": options.run_id,
-        "TRAINFLEET_RESTART": str(options.restart),
+        shim.RUN_ID_ENV: options.run_id,
+        shim.RESTART_ENV: str(options.restart),
         "TRAINFLEET_NODE_ENV": f"{node_dir}/{NODE_TABLE}",
         # DeepSpeed's launcher passes --local_rank itself; the shim passes it on.
-        "TRAINFLEET_LOCAL_RANK_ARG": "never",
+        shim.LOCAL_RANK_ARG_ENV: "never",
         # DeepSpeed's launcher gives a node's ranks one stdout: the shim prefixes each line
         # with its local rank, as torchrun does, so that lines can be told apart.
         "TRAINFLEET_PREFIX_OUTPUT": "1",
-        **({"TRAINFLEET_NO_PYTHON": "1"} if options.no_python else {}),
+        **({shim.NO_PYTHON_ENV: "1"} if options.no_python else {}),
         **({"DS_ACCELERATOR": "cpu"} if no_gpus else {}),
     }
     # The runner reads DS_ENV_FILE's name under ~ and under the launch directory: an absolute
@@ -296,14 +298,15 @@ def node_files_jobs(plan: DeepSpeedPlan) -> dict[str, bytes]:
     (`trainfleet.node.files.put_private`, which refuses a directory someone else made)."""
     return {
         entry.host: node_programs.line(
-            "files", "put_private", {"dir": plan.node_dir, "files": node_files(plan, node_rank)}
+            put_private,
+            {"dir": plan.node_dir, "files": node_files(plan, node_rank), "remove": False},
         )
         for node_rank, entry in enumerate(plan.node_table)
     }
 
 
 def remove_job(plan: DeepSpeedPlan) -> bytes:
-    return node_programs.line("files", "put_private", {"dir": plan.node_dir, "remove": True})
+    return node_programs.line(put_private, {"dir": plan.node_dir, "files": {}, "remove": True})
 
 
 _PDSH_PREFIX = re.compile(r"^([^\s:]+): (.*)$", re.DOTALL)
@@ -371,7 +374,7 @@ class DeepSpeedBackend:
         node table on every node; then the runner."""
         (run_dir / "hostfile").write_text(plan.hostfile)
         write_private(run_dir / "deepspeed_env", plan.ds_env)
-        python = {n.host: node_programs.argv(n.python, "files") for n in cluster.nodes}
+        python = {n.host: node_programs.argv(n.python, put_private) for n in cluster.nodes}
         pushed = run_on_nodes(cluster.nodes, python, stdin=node_files_jobs(plan), timeout=60)
         failed = [r for r in pushed if not r.ok]
         if failed:
@@ -393,10 +396,10 @@ class DeepSpeedBackend:
     def stop(self, plan: DeepSpeedPlan, cluster: Cluster) -> None:
         """DeepSpeed's runner stops its ranks by name (pkill -f); trainfleet then ends whatever
         still carries this run's id in its environment, and removes the run's files."""
-        procs = {n.host: node_programs.argv(n.python, "procs") for n in cluster.nodes}
-        kill = node_programs.line("procs", "kill_run", plan.options.run_id)
+        procs = {n.host: node_programs.argv(n.python, kill_run) for n in cluster.nodes}
+        kill = node_programs.line(kill_run, plan.options.run_id)
         run_on_nodes(cluster.nodes, procs, stdin=kill, timeout=30)
-        files = {n.host: node_programs.argv(n.python, "files") for n in cluster.nodes}
+        files = {n.host: node_programs.argv(n.python, put_private) for n in cluster.nodes}
         run_on_nodes(cluster.nodes, files, stdin=remove_job(plan), timeout=30)
 
 

@@ -28,9 +28,9 @@ def dump_stacks(cluster: Cluster, pids: dict[str, dict[int, int]]) -> dict[str, 
     every node at once; a node that does not answer within the bound gets a line per rank
     saying so (a node whose link is down must not hold up the stop for long)."""
     nodes = [n for n in cluster.nodes if n.host in pids]
-    argv = {n.host: node_programs.argv(n.python, "procs") for n in nodes}
+    argv = {n.host: node_programs.argv(n.python, procs.dump_stacks) for n in nodes}
     ranks = {n.host: [f"{r}={pid}" for r, pid in pids[n.host].items()] for n in nodes}
-    job = {host: node_programs.line("procs", "dump_stacks", ranks[host]) for host in ranks}
+    job = {host: node_programs.line(procs.dump_stacks, ranks[host]) for host in ranks}
     results = run_on_nodes(nodes, argv, stdin=job, timeout=procs.DUMP_TIMEOUT_S + 5)
     return {r.node: r.stdout if r.ok else no_dump(pids[r.node], r.reason()) for r in results}
 

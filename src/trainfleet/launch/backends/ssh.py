@@ -35,7 +35,7 @@ from trainfleet.launch.backends import over_ssh
 from trainfleet.launch.masking import masked, masked_argv
 from trainfleet.launch.options import LaunchFacts, LaunchOptions, master_port
 from trainfleet.launch.supervisor import LIFELINE_S
-from trainfleet.node import isolated
+from trainfleet.node import bootstrap, isolated, shim
 from trainfleet.remote import node_argv
 
 
@@ -123,10 +123,10 @@ def plan_launch(
         notes += env_notes
         env.update(
             {
-                "TRAINFLEET_RUN_ID": options.run_id,
-                "TRAINFLEET_RESTART": str(options.restart),
-                "TRAINFLEET_LOCAL_RANK_ARG": options.local_rank_arg,
-                **({"TRAINFLEET_NO_PYTHON": "1"} if options.no_python else {}),
+                shim.RUN_ID_ENV: options.run_id,
+                shim.RESTART_ENV: str(options.restart),
+                shim.LOCAL_RANK_ARG_ENV: options.local_rank_arg,
+                **({shim.NO_PYTHON_ENV: "1"} if options.no_python else {}),
             },
             environment.TRAINFLEET,
         )
@@ -219,7 +219,7 @@ class SshBackend:
         channels = []
         for node_plan in plan.nodes:
             node = cluster.node(node_plan.host)
-            job = {
+            job: bootstrap.BootstrapJob = {
                 "run_id": plan.options.run_id,
                 "cwd": node_plan.cwd,
                 "env": node_plan.env,
@@ -228,8 +228,8 @@ class SshBackend:
                 "grace": plan.options.grace,
                 "lifeline": LIFELINE_S,
             }
-            argv = node_argv(node, node_programs.argv(node.python, "bootstrap"), multiplex=False)
-            payload = node_programs.line("bootstrap", "main", job)
+            argv = node_argv(node, node_programs.argv(node.python, bootstrap.main), multiplex=False)
+            payload = node_programs.line(bootstrap.main, job)
             channels.append(
                 Channel(name=node.host, argv=argv, payload=payload, stop_by=StopBy.CLOSING_STDIN)
             )
