@@ -47,15 +47,16 @@ def fold_names(names: Iterable[str]) -> str:
             order.append(key)
         groups[key].append((int(match.group(2)), match.group(2)))
     parts = []
-    for key in order:
-        if isinstance(key, str):
-            parts.append(key)
+    for entry in order:
+        if isinstance(entry, str):
+            parts.append(entry)
             continue
-        numbers = sorted(set(groups[key]))
+        prefix, suffix = entry
+        numbers = sorted(set(groups[entry]))
         if len(numbers) == 1:
-            parts.append(f"{key[0]}{numbers[0][1]}{key[1]}")
+            parts.append(f"{prefix}{numbers[0][1]}{suffix}")
         else:
-            parts.append(f"{key[0]}[{_ranges(numbers)}]{key[1]}")
+            parts.append(f"{prefix}[{_ranges(numbers)}]{suffix}")
     return ",".join(parts)
 
 

@@ -72,7 +72,7 @@ class _LineLoader(yaml.SafeLoader):
     def _error(self, node: yaml.Node, problem: str, fix: str) -> SpecError:
         return SpecError(self.name, node.start_mark.line + 1, problem, fix)
 
-    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
         self.depth += 1
         try:
             if self.depth > MAX_DEPTH:
@@ -104,7 +104,7 @@ class _LineLoader(yaml.SafeLoader):
                 f"fix the value, or drop the {_tag(node)} tag",
             ) from None
 
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> LineDict:  # type: ignore[override]
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> LineDict:
         if not isinstance(node, yaml.MappingNode):
             raise self._error(
                 node, f"{_tag(node)} needs a mapping, got {_kind(node)}", "fix the value or tag"
@@ -130,7 +130,7 @@ class _LineLoader(yaml.SafeLoader):
             mapping.key_lines[key] = key_node.start_mark.line + 1
         return mapping
 
-    def construct_sequence(self, node: yaml.SequenceNode, deep: bool = False) -> LineList:  # type: ignore[override]
+    def construct_sequence(self, node: yaml.SequenceNode, deep: bool = False) -> LineList:
         if not isinstance(node, yaml.SequenceNode):
             raise self._error(
                 node, f"{_tag(node)} needs a sequence, got {_kind(node)}", "fix the value or tag"

@@ -20,6 +20,7 @@ import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 from trainfleet.cluster import Cluster
 from trainfleet.commtest import formulas
@@ -226,7 +227,7 @@ class _Progress:
     """Shows rank 0's `commtest:` lines while the job runs, and a slow link as soon as the
     pair rounds name it; the rest stays in the run's logs."""
 
-    def __init__(self, stream) -> None:
+    def __init__(self, stream: TextIO) -> None:
         self.stream = stream
         self.pairs: dict[str, dict[str, float]] = {"sendrecv": {}, "tcp": {}}
         self.named: set[tuple[str, ...]] = set()
@@ -256,7 +257,11 @@ def _rank0_log(run_dir: Path, master: str) -> str:
 
 
 def run_commtest(
-    cluster: Cluster, options: CommtestOptions, *, run_dir: Path | None = None, progress=None
+    cluster: Cluster,
+    options: CommtestOptions,
+    *,
+    run_dir: Path | None = None,
+    progress: TextIO | None = None,
 ) -> CommtestReport:
     """The report of what was measured; `stopped` set when the run ended early (interrupted,
     a collective hung, ranks that never joined: then nothing was measured)."""

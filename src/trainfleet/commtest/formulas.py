@@ -123,7 +123,9 @@ def round_robin(nodes: Sequence[str]) -> list[list[tuple[str, str]]]:
     return rounds
 
 
-def _median_without(rates: dict[tuple[str, str], float], node: str | None, pair=None) -> float:
+def _median_without(
+    rates: dict[tuple[str, str], float], node: str | None, pair: tuple[str, str] | None = None
+) -> float:
     others = [r for p, r in rates.items() if p != pair and (node is None or node not in p)]
     return statistics.median(others) if others else 0.0
 

@@ -46,7 +46,7 @@ def _say(text: str) -> None:
         print(f"commtest: {text}", flush=True)
 
 
-def _record(kind: str, **fields) -> None:
+def _record(kind: str, **fields: object) -> None:
     if dist.get_rank() == 0:
         print(RECORD_MARK + json.dumps({"kind": kind, **fields}), flush=True)
 

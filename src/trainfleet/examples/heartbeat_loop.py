@@ -21,7 +21,7 @@ parser.add_argument("--size", type=int, default=256, help="matrix side")
 parser.add_argument("--work", type=int, default=16, help="matrix products per step")
 parser.add_argument("--slow-rank", type=int, default=-1)
 parser.add_argument("--slow-factor", type=int, default=4)
-args, _ = parser.parse_known_args()  # DeepSpeed's runner adds --local_rank
+args = parser.parse_known_args()[0]  # DeepSpeed's runner adds --local_rank
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()

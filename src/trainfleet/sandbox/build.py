@@ -18,7 +18,7 @@ import shlex
 import socket
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from trainfleet import node as node_programs
@@ -515,6 +515,7 @@ def _port_open(address: str, port: int) -> bool:
 def _start_port_holders(sandbox: Sandbox) -> None:
     """The 'leftover process from the last run' that holds the master port (seed 000 §5.3),
     and the resolver that never answers (`dns-unreachable`)."""
+    holds: list[tuple[int, Callable[..., object], list[int | str]]]
     holds = [(i, porthold.hold, [sandbox.master_port]) for i in _faulted(sandbox, "port-in-use")]
     holds += [
         (i, porthold.hold_udp, [SILENT_RESOLVER, 53]) for i in _faulted(sandbox, "dns-unreachable")
@@ -529,6 +530,8 @@ def _start_port_holders(sandbox: Sandbox) -> None:
             start_new_session=True,
             text=True,
         )
+        # Popen types the pipes Optional; both were asked for (PIPE) just above.
+        assert proc.stdin is not None and proc.stdout is not None
         proc.stdin.write(node_programs.line(function, *args).decode())
         proc.stdin.close()
         if proc.stdout.readline().strip() != "ready":

@@ -46,7 +46,7 @@ def ipv4_networks() -> list[ipaddress.IPv4Network]:
     for line in run(["ip", "-o", "-4", "addr", "show"]).splitlines():
         words = line.split()
         if "inet" in words[:-1]:
-            networks.append(ipaddress.ip_interface(words[words.index("inet") + 1]).network)
+            networks.append(ipaddress.IPv4Interface(words[words.index("inet") + 1]).network)
     return networks
 
 

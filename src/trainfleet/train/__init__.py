@@ -27,7 +27,7 @@ import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 from trainfleet.cluster import Cluster
 from trainfleet.errors import TrainfleetError
@@ -37,7 +37,10 @@ from trainfleet.train import checkpoints, user_deepspeed
 from trainfleet.train.config import TrainConfig, load_train_config
 
 if TYPE_CHECKING:
+    from trainfleet.doctor import DoctorReport
     from trainfleet.doctor.facts import NodeFacts
+    from trainfleet.launch.backend import Plan
+    from trainfleet.launch.supervisor import LaunchResult
 
 __all__ = ["TrainConfig", "check_model_dir", "load_train_config", "run_train"]
 
@@ -72,8 +75,8 @@ def run_train(
     hang_timeout: float | None = HANG_TIMEOUT_S,
     startup_timeout: float | None = 1800.0,
     max_restarts: int = 0,
-    out=None,
-):
+    out: TextIO | None = None,
+) -> tuple[LaunchResult, Plan]:
     """Check, tokenize, launch; after a crash, a hang or a stall, up to `max_restarts` times:
     the quick preflight again and a new launch that resumes from the latest checkpoint
     (`launch/restarts.py`). Returns (LaunchResult, plan); raises PreflightFailed when the
@@ -118,7 +121,7 @@ def run_train(
         startup_timeout=startup_timeout,
     )
 
-    def check_fit(plan, report) -> None:
+    def check_fit(plan: Plan, report: DoctorReport) -> None:
         facts = report.survey.facts if report.survey else {}
         check_memory(config, plan.rank_ranges(), facts, strict=preflight, out=out, setup=setup)
 
@@ -154,7 +157,7 @@ def check_memory(
     facts: Mapping[str, NodeFacts],
     *,
     strict: bool,
-    out,
+    out: TextIO,
     setup: TrainSetup | None = None,
 ) -> None:
     """The planner's memory figures for this run against each node's (`train/preflight.py`);

@@ -140,7 +140,8 @@ def _random_word(rng: random.Random) -> str:
 def _examples(n: int, seed: int, held_out: bool) -> list[Example]:
     # A separate stream per split: eval(seed=0) does not replay train(seed=0)'s words.
     rng = random.Random(f"{'eval' if held_out else 'train'}:{seed}")
-    examples, seen = [], set()
+    examples: list[Example] = []
+    seen: set[str] = set()
     while len(examples) < n:
         word = _random_word(rng)
         if is_held_out(word) != held_out or (held_out and word in seen):
@@ -267,10 +268,10 @@ def generate_answers(
     tokenizer.padding_side = "left"  # generation continues each row from its last token
     with _no_progress_bars():
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    examples = [Example(*example) for example in examples]
+    asked = [Example(*example) for example in examples]
     answers = []
-    for start in range(0, len(examples), batch_size):
-        batch = examples[start : start + batch_size]
+    for start in range(0, len(asked), batch_size):
+        batch = asked[start : start + batch_size]
         prompts = [
             tokenizer.apply_chat_template(
                 [{"role": "user", "content": example.prompt}],

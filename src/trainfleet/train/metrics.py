@@ -18,10 +18,13 @@ import resource
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, TYPE_CHECKING, Any
 
 from trainfleet import heartbeat
 from trainfleet.plan.hardware import GPUS
+
+if TYPE_CHECKING:  # importing this module stays light: transformers only where it runs
+    from transformers import TrainerCallback
 
 
 def eta(*, steps_done: int, steps_total: int, seconds: float) -> str:
@@ -51,7 +54,7 @@ def peak_memory_bytes() -> int:
 
 def make_callback(
     *, output: Path, flops_per_token: float, world_size: int, max_steps: int, is_rank0: bool
-):
+) -> TrainerCallback:
     """A transformers TrainerCallback (built here so that importing this module stays light)."""
     import torch
     from transformers import TrainerCallback
@@ -65,7 +68,7 @@ def make_callback(
             self.last_tokens = 0
             self.last_step = 0
             self.first_step = 0
-            self.file = None
+            self.file: IO[str] | None = None
             self.busy = 0.0
             """Seconds in the model's forward passes since the last step ended."""
             self.forward_started = 0.0
@@ -97,7 +100,8 @@ def make_callback(
             self.busy = 0.0
 
         def on_log(self, args, state, control, logs=None, **kwargs):
-            if not is_rank0 or not logs or "loss" not in logs:
+            # Rank 0 reports: only it opened the file, in on_train_begin.
+            if self.file is None or not logs or "loss" not in logs:
                 return
             now = time.monotonic()
             seconds = max(now - self.last_time, 1e-9)

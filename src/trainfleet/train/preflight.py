@@ -106,12 +106,12 @@ def fastest_fitting(
     per_node = set(ranks_per_node.values())
     if len(per_node) != 1 or not all(_devices(s) for s in sheets):
         return None
-    available = [s.memory.available for s in sheets]
+    available = [memory for s in sheets if (memory := s.memory.available)]
     target = Target(
         nodes=len(ranks_per_node),
         gpus_per_node=per_node.pop(),
         gpu_memory_bytes=min(d.memory_mib or 0 for d in devices) * MIB,
-        cpu_memory_bytes=min(available) if all(available) else None,
+        cpu_memory_bytes=min(available) if len(available) == len(sheets) else None,
         links=Links(peak_flops=peak_flops_of(devices[0].name or "") or 1e15, busbw=12.5e9),
     )
     ranked = search(shape, setup, target, global_batch=global_batch)

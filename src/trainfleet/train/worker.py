@@ -23,12 +23,20 @@ import os
 import sys
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from trainfleet import heartbeat
 from trainfleet.errors import TrainfleetError
 from trainfleet.plan.memory import TORCH_DTYPES
 from trainfleet.train import checkpoints, hostmem
 from trainfleet.train.config import TrainConfig
+
+if TYPE_CHECKING:  # torch, transformers and peft stay imported inside the functions using them
+    from _typeshed import DataclassInstance
+    from peft import PeftModel
+    from torch import dtype as TorchDtype
+    from torch.nn import Module
+    from transformers import PreTrainedModel
 
 
 def deepspeed_json(config: TrainConfig, *, hidden_size: int, world_size: int) -> dict:
@@ -45,7 +53,14 @@ def deepspeed_json(config: TrainConfig, *, hidden_size: int, world_size: int) ->
     return ds
 
 
-def training_arguments(config: TrainConfig, *, ds, on_cpu: bool, backend: str, fields) -> dict:
+def training_arguments(
+    config: TrainConfig,
+    *,
+    ds: dict[str, Any] | None,
+    on_cpu: bool,
+    backend: str | None,
+    fields: type[DataclassInstance],
+) -> dict[str, Any]:
     """HF TrainingArguments for this run, in the names transformers has now: activation
     checkpointing is `activation_checkpointing` (transformers 5.x), `gradient_checkpointing`
     only where the installed version predates it (the old name warns on every rank)."""
@@ -98,6 +113,7 @@ def _trainer_class():
         trainfleet_beats = True  # its own (metrics.py), with busy_s: the shim adds none
 
         def _save_checkpoint(self, model, trial):
+            assert self.args.output_dir is not None  # TrainingArguments fills a default in
             output = Path(self.args.output_dir)
             ok = 1
             if self.args.should_save or self.args.local_process_index == 0:
@@ -125,13 +141,14 @@ def _trainer_class():
 
         def _first_estimate(self) -> int:
             # 16-bit weights + fp32 master + Adam (and the consolidated weights): 2+4+8+2 B
+            assert self.model is not None  # only a Trainer given model_init starts without
             params = sum(getattr(p, "ds_numel", p.numel()) for p in self.model.parameters())
             return 16 * params
 
     return CheckpointingTrainer
 
 
-def merge_lora(base_dir: str, adapter: Path, final: Path, dtype) -> None:
+def merge_lora(base_dir: str, adapter: Path, final: Path, dtype: TorchDtype) -> None:
     """The base model with the trained adapters folded in, as a plain HF model (rank 0, CPU:
     one full copy of the model in host RAM)."""
     from peft import PeftModel
@@ -157,7 +174,9 @@ def _all_agree(ok: int) -> bool:
     return bool(flag.item())
 
 
-def _report_load_memory(result, model, *, nodes: list[str], output: Path, rank: int) -> None:
+def _report_load_memory(
+    result: hostmem.LoadResult, model: Module, *, nodes: list[str], output: Path, rank: int
+) -> None:
     """Every rank's host RAM while loading, gathered to rank 0, printed and written to
     OUTPUT/load_memory.json (seed 004's host OOM shows here first). `nodes`: each rank's."""
     import torch.distributed as dist
@@ -209,6 +228,7 @@ def main(encoded: str) -> int:
     )
     spec = json.loads(base64.b64decode(encoded))
     config = TrainConfig.from_json(spec["config"])
+    assert config.max_steps is not None  # run_train sends it settled (TrainConfig.with_steps)
     output = config.output_dir
 
     import deepspeed
@@ -264,6 +284,7 @@ def main(encoded: str) -> int:
     # A startup phase (judged by --startup-timeout, not --hang-timeout): its progress is
     # the memory the weights take as they load.
     loading_beats = heartbeat.beating(0, phase="loading", measure=hostmem.resident_bytes)
+    model: PreTrainedModel | PeftModel
     with loading_beats, hostmem.LoadMemory() as loading:
         model = AutoModelForCausalLM.from_pretrained(config.model, dtype=dtype)
     _report_load_memory(loading.result(), model, nodes=nodes, output=output, rank=rank)

@@ -239,7 +239,8 @@ def _write(directory: Path, rows: Rows, summary: DataSummary) -> None:
     for name, values in rows.arrays().items():
         with _synced(directory / f"{name}.npy") as out:
             np.save(out, values)
-    meta = {"format": FORMAT_VERSION, "summary": dataclasses.asdict(summary)}
-    del meta["summary"]["path"]
+    fields = dataclasses.asdict(summary)
+    del fields["path"]
+    meta = {"format": FORMAT_VERSION, "summary": fields}
     with _synced(directory / "meta.json") as out:
         out.write(json.dumps(meta, indent=1, sort_keys=True).encode() + b"\n")

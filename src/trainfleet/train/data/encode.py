@@ -35,7 +35,9 @@ IGNORE_INDEX = -100
 _GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
 _ENCODE_BATCH = 256
 
-Sample = tuple[Sequence[int], Sequence[int]]
+TokenIds = Sequence[int] | np.ndarray
+"""Token ids: the encoder's are int32 arrays; `pack` takes lists too."""
+Sample = tuple[TokenIds, TokenIds]
 """(input_ids, labels) of one sample, labels IGNORE_INDEX where there is no loss."""
 
 
@@ -109,8 +111,8 @@ class _Encoder:
             ]
         return [sample if isinstance(sample, str) else self._finish(*sample) for sample in encoded]
 
-    def _finish(self, ids: list[int], trained: Any, eos_trained: bool) -> Sample | str:
-        ids, trained = np.asarray(ids, dtype=np.int32), np.asarray(trained, dtype=bool)
+    def _finish(self, token_ids: list[int], trained_mask: Any, eos_trained: bool) -> Sample | str:
+        ids, trained = np.asarray(token_ids, dtype=np.int32), np.asarray(trained_mask, dtype=bool)
         if not len(ids) or ids[-1] != self.tok.eos_token_id:
             ids = np.append(ids, np.int32(self.tok.eos_token_id))
             trained = np.append(trained, eos_trained)
@@ -174,7 +176,7 @@ def _samples(
     encoder: _Encoder | None = None
     pending: list[tuple[str, dict]] = []
 
-    def flush() -> Iterator[Sample]:
+    def flush(encoder: _Encoder) -> Iterator[Sample]:
         for (where, _), sample in zip(pending, encoder.encode(pending), strict=True):
             if isinstance(sample, str):
                 _bad(tally, where, sample, shape, skip)
@@ -198,9 +200,9 @@ def _samples(
             continue
         pending.append((where, record))
         if len(pending) == _ENCODE_BATCH:
-            yield from flush()
-    if pending:
-        yield from flush()
+            yield from flush(encoder)
+    if pending and encoder is not None:  # a pending record made the encoder
+        yield from flush(encoder)
 
 
 def _bad(tally: _Tally, where: str, problem: str, shape: str | None, skip: bool) -> None:

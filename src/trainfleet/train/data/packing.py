@@ -23,12 +23,12 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from trainfleet.train.data.encode import IGNORE_INDEX, Sample
+from trainfleet.train.data.encode import IGNORE_INDEX, Sample, TokenIds
 
 _ARRAYS = ("input_ids", "labels", "position_ids", "row_offsets")
 
@@ -43,14 +43,14 @@ class Rows:
     row_offsets: list[int] = field(default_factory=lambda: [0])
     tokens: int = 0
 
-    def add_piece(self, input_ids: Sequence[int], labels: Sequence[int]) -> None:
+    def add_piece(self, input_ids: TokenIds, labels: TokenIds) -> None:
         """One sample (or piece of one): positions from 0, its first token never a target."""
-        labels = np.array(labels, dtype=np.int32)
-        labels[0] = IGNORE_INDEX
+        targets = np.array(labels, dtype=np.int32)
+        targets[0] = IGNORE_INDEX
         self.pieces["input_ids"].append(np.asarray(input_ids, dtype=np.int32))
-        self.pieces["labels"].append(labels)
-        self.pieces["position_ids"].append(np.arange(len(labels), dtype=np.int32))
-        self.tokens += len(labels)
+        self.pieces["labels"].append(targets)
+        self.pieces["position_ids"].append(np.arange(len(targets), dtype=np.int32))
+        self.tokens += len(targets)
 
     def end_row(self) -> None:
         self.row_offsets.append(self.tokens)
