@@ -145,6 +145,7 @@ test-cluster: $(STAMP) $(SYSSTAMP) $(DS_OPS_STAMP) $(LF_STAMP) $(AX_STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench examples
 	$(BIN)/ruff format --check src tests bench examples
+	$(BIN)/mypy
 
 format: $(STAMP)
 	$(BIN)/ruff format src tests bench examples
@@ -154,4 +155,4 @@ bench: $(STAMP) $(SYSSTAMP)
 	$(BIN)/python bench/exec_fanout.py
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache .ruff_cache .mypy_cache

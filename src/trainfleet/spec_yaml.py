@@ -170,6 +170,14 @@ def load_yaml_with_lines(text: str, source: str) -> Any:
         ) from None
     except yaml.YAMLError as exc:
         raise SpecError(source, None, f"not valid YAML ({exc})", "fix the YAML syntax") from None
+    except ValueError as exc:  # PyYAML's scanner turns `"\U00110000"` into chr() of it
+        line = loader.line + 1 if loader else None
+        raise SpecError(
+            source,
+            line,
+            f"not valid YAML ({exc})",
+            "write a character escape as \\U0010FFFF or lower",
+        ) from None
     except RecursionError:
         line = loader.line + 1 if loader else None
         raise SpecError(source, line, "YAML nested too deeply", "flatten the document") from None

@@ -233,6 +233,8 @@ def test_document_must_be_a_mapping(text):
         ("nodes: [a]\nenv: [A]\n", "env must be a mapping"),
         ("nodes: [a]\nenv: {A: [1]}\n", "string or number"),
         ("nodes: [a]\nx: !!python/object:os.system {}\n", "not valid YAML"),
+        # hypothesis found it: PyYAML's scanner raised a bare ValueError from chr()
+        ('nodes: [a]\nworkdir: "\\U00110000"\n', "c.yaml:2: not valid YAML (chr() arg"),
     ],
 )
 def test_other_errors(text, what):
