@@ -96,9 +96,9 @@ third-party: $(LF_STAMP) $(AX_STAMP)
 # into this machine's torch_extensions cache while the venvs above install: else the unit tier
 # builds them in the background (tests/conftest.py), which took it from 89 s to 200 s here.
 # With the venv's ninja, as the tests' ranks use (tests/conftest.py: ONE_NINJA); the same
-# node job as `setup pyenv`'s.
+# node job as `setup pyenv`'s, given the whole OpsJob (node/dsops.py: no key has a default).
 DS_OPS_STAMP := $(VENV)/.deepspeed-ops
-DS_OPS_JOB   := {"ops": ["fused_adam", "deepspeed_shm_comm"]}
+DS_OPS_JOB   := {"target": "$(abspath $(VENV))", "ops": ["fused_adam", "deepspeed_shm_comm"], "env": {}}
 $(DS_OPS_STAMP): $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -c \
 	  'import sys; from trainfleet.node import dsops; sys.exit(dsops.build($(DS_OPS_JOB)))'
