@@ -22,6 +22,7 @@ import base64
 import binascii
 import ipaddress
 import re
+from typing import TypeGuard
 
 _LABEL = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
 _KEY = re.compile(r"(\S+) ([A-Za-z0-9+/]+={0,2})")
@@ -79,12 +80,12 @@ _IFACE = re.compile(r"[A-Za-z0-9_.-]{1,15}")
 _WORD = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
-def valid_interface(name: object) -> bool:
+def valid_interface(name: object) -> TypeGuard[str]:
     """A Linux interface name (at most 15 characters), nothing a tool or YAML reads as syntax."""
     return isinstance(name, str) and bool(_IFACE.fullmatch(name)) and name not in (".", "..")
 
 
-def valid_word(name: object) -> bool:
+def valid_word(name: object) -> TypeGuard[str]:
     """A plain word (nftables table and chain names, firewalld zones): nft joins its arguments
     into one command line and parses it, so a name from a node's ruleset must be one."""
     return isinstance(name, str) and bool(_WORD.fullmatch(name))

@@ -246,3 +246,17 @@ def test_the_step_table_runs_each_step_with_the_options_given(
     run_step = step_runner(StepOptions(cpu_slots=2))
     run_step(step, load_cluster(hosts="a:1"), "conf/c.yaml", dry_run=True, confirm=None)
     assert {key: seen[key] for key in expected} == expected and seen["dry_run"] is True
+
+
+def test_the_step_table_says_what_is_missing_where_the_options_lack_it():
+    """A caller of the table that gives no password, or no code directory where cluster.yaml
+    names no workdir, gets a SetupError that names it (was a TypeError from deep inside)."""
+    from trainfleet.setup.steps import BY_NAME, StepOptions
+
+    with pytest.raises(SetupError) as asked:
+        StepOptions().password(["gpu-node-1", "gpu-node-2"])
+    assert "gpu-node-[1-2]" in asked.value.what and "--password-stdin" in asked.value.fix
+    with pytest.raises(SetupError) as synced:
+        BY_NAME["sync"].run(load_cluster(hosts="a:1"), StepOptions(), cluster_file=None,
+                            dry_run=True, confirm=lambda *_, **__: True)  # fmt: skip
+    assert "no code directory" in synced.value.what and "--code" in synced.value.fix

@@ -11,9 +11,14 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from trainfleet.cluster import Cluster, load_cluster
+
+if TYPE_CHECKING:
+    from trainfleet.doctor.findings import Finding
 
 CLUSTER_YAML_EXAMPLE = """\
 cluster.yaml example:
@@ -123,7 +128,7 @@ def cluster_flags(args: argparse.Namespace) -> list[str]:
     return flags
 
 
-def preflight_lines(findings, args: argparse.Namespace) -> list[str]:
+def preflight_lines(findings: Sequence[Finding], args: argparse.Namespace) -> list[str]:
     """What launch and train print when the preflight doctor stops them: the findings, then
     the commands that fix them, then the way around."""
     from trainfleet.catalog import commands_that_fix

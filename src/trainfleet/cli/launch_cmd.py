@@ -10,7 +10,9 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trainfleet.cli.common import (
     CLUSTER_YAML_EXAMPLE,
@@ -24,6 +26,12 @@ from trainfleet.cli.common import (
 from trainfleet.errors import TrainfleetError
 from trainfleet.launch import backends
 from trainfleet.untrusted import printable_lines
+
+if TYPE_CHECKING:
+    from trainfleet.doctor import DoctorReport
+    from trainfleet.doctor.findings import Finding
+    from trainfleet.launch.backend import Plan
+    from trainfleet.launch.result import LaunchResult
 
 HELP = "start a training script on every node (torchrun over ssh), fail fast, explain hangs"
 DESCRIPTION = """\
@@ -164,13 +172,13 @@ def _command(args: argparse.Namespace) -> tuple[str, ...]:
     return command
 
 
-def _render_findings(findings) -> list[str]:
+def _render_findings(findings: Sequence[Finding]) -> list[str]:
     from trainfleet.doctor.report import finding_lines
 
     return [line for f in findings for line in finding_lines(f, indent="  ", max_evidence=6)]
 
 
-def render_outcome(result, plan) -> str:
+def render_outcome(result: LaunchResult, plan: Plan) -> str:
     from trainfleet.launch import RunState
     from trainfleet.launch.collectives import describe
     from trainfleet.launch.rootcause import known_fix
@@ -242,7 +250,7 @@ def run(args: argparse.Namespace) -> int:
     cluster = cluster_from_args(args)
     run_dir = Path(args.run_dir or f"trainfleet-runs/{options.run_id}")
 
-    def print_notes(plan, _report) -> None:
+    def print_notes(plan: Plan, _report: DoctorReport) -> None:
         for note in plan.notes:
             print(printable_lines(f"trainfleet: {note}"), file=sys.stderr)
 

@@ -15,9 +15,12 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
+from typing import TextIO
 
 from trainfleet.cli.common import CLUSTER_YAML_EXAMPLE, add_cluster_arguments, cluster_from_args
+from trainfleet.cluster import Cluster
 from trainfleet.errors import SetupError
+from trainfleet.setup.result import Confirm
 from trainfleet.setup.steps import BY_NAME, ORDER, StepOptions, step_runner
 
 ALONE = tuple(name for name in ORDER if name != "sync")
@@ -68,7 +71,7 @@ Every question can be answered up front with --yes; --dry-run shows the changes 
 # ----------------------------------------------------------------------------- prompts
 
 
-def make_confirm(yes: bool, out, *, replace_changed: bool = False) -> Callable[..., bool]:
+def make_confirm(yes: bool, out: TextIO, *, replace_changed: bool = False) -> Confirm:
     """Show the question with its details; yes for --yes (for changed host keys only with
     --replace-changed-host-keys), ask on a terminal, else no."""
 
@@ -262,7 +265,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         _keep_given_before_the_step(parser, step)
 
 
-def _keep_given_before_the_step(parser: argparse.ArgumentParser, step) -> None:
+def _keep_given_before_the_step(
+    parser: argparse.ArgumentParser, step: argparse.ArgumentParser
+) -> None:
     """`setup -c x.yaml ssh` means `setup ssh -c x.yaml`: argparse lets a step's own defaults
     overwrite what was given before it, so the options both have (with the same default) are
     left out of the step's namespace unless given after it."""
@@ -300,7 +305,7 @@ def step_options(args: argparse.Namespace) -> StepOptions:
     )
 
 
-def _every(args: argparse.Namespace, out) -> int:
+def _every(args: argparse.Namespace, out: TextIO) -> int:
     from trainfleet.setup import every
 
     if not (args.cluster_file or args.hostfile or args.hosts):
@@ -312,7 +317,7 @@ def _every(args: argparse.Namespace, out) -> int:
     confirm = make_confirm(args.yes, out, replace_changed=args.replace_changed_host_keys)
     given = args.cluster_file
 
-    def load(path: str | None):
+    def load(path: str | None) -> Cluster:
         if path is None or path == given:
             return cluster_from_args(args)
         # the file the hostfile step wrote from --hosts/--hostfile: only the chosen nodes

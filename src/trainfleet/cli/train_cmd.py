@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trainfleet.cli.common import (
     CLUSTER_YAML_EXAMPLE,
@@ -20,6 +21,9 @@ from trainfleet.cli.common import (
     preflight_lines,
 )
 from trainfleet.hf_names import HF_NAMES
+
+if TYPE_CHECKING:
+    from trainfleet.train.config import TrainConfig
 
 HELP = "multi-node SFT / continued pretraining of a Hugging Face causal LM with DeepSpeed ZeRO"
 DESCRIPTION = """\
@@ -121,7 +125,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = CLUSTER_YAML_EXAMPLE
 
 
-def config_from_args(args: argparse.Namespace):
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """train.yaml (--config) with the flags given on top, HF's spellings included."""
     from trainfleet.train import load_train_config
 

@@ -83,19 +83,17 @@ class Watch:
         return None
 
 
-async def _feed(
-    proc: asyncio.subprocess.Process, node: str, stdin: bytes, watch: Watch | None
-) -> None:
+async def _feed(pipe: asyncio.StreamWriter, node: str, stdin: bytes, watch: Watch | None) -> None:
     try:
-        proc.stdin.write(stdin)
-        await proc.stdin.drain()
+        pipe.write(stdin)
+        await pipe.drain()
         more = await watch.more_stdin(node) if watch is not None else None
         if more:
-            proc.stdin.write(more)
-            await proc.stdin.drain()
+            pipe.write(more)
+            await pipe.drain()
     except (BrokenPipeError, ConnectionResetError):
         pass  # the command exited (or ssh failed) before reading it all; its status says why
-    proc.stdin.close()
+    pipe.close()
 
 
 async def _wait(
@@ -154,13 +152,16 @@ async def _run_one(
             duration_s=time.monotonic() - start,
             failure=Failure.COMMAND_FAILED,
         )
+    # The process types its pipes Optional; stdout and stderr were asked for (PIPE) just above.
+    assert proc.stdout is not None and proc.stderr is not None
     pumps = [
         asyncio.ensure_future(_pump(proc.stdout, out, node.host, "stdout", on_line)),
         asyncio.ensure_future(_pump(proc.stderr, err, node.host, "stderr", on_line)),
     ]
     feeding = None
     if stdin is not None:
-        feeding = asyncio.ensure_future(_feed(proc, node.host, stdin, watch))
+        assert proc.stdin is not None  # PIPE whenever there is stdin to send (just above)
+        feeding = asyncio.ensure_future(_feed(proc.stdin, node.host, stdin, watch))
     timed_out = await _wait(proc, node.host, None if timeout is None else start + timeout, watch)
     if feeding is not None and not feeding.done():
         feeding.cancel()

@@ -261,9 +261,9 @@ def prepare(cluster: Cluster, *, argv_for: ArgvFor, target: str, ops: Sequence[s
     say(f"copying them from {source} to {fold_names(stale)}; each node's ninja checks them")
 
     def one(host: str) -> list[Built] | str:
-        node, root = cluster.node(host), states[host].root
-        if copied and root and states[source].root:
-            source_node, source_root = cluster.node(source), states[source].root
+        node, root, source_root = cluster.node(host), states[host].root, states[source].root
+        if copied and root and source_root:
+            source_node = cluster.node(source)
             if error := _copy(source_node, source_root, node, root, copied, argv_for):
                 return error
         return _build(node, argv_for, target, ops, envs[host])

@@ -18,9 +18,11 @@ Facts come from doctor's probe and from one login shell per node (`bash -lic`).
 from __future__ import annotations
 
 import os
+from typing import TypedDict
 
 from trainfleet.catalog import FindingId
 from trainfleet.cluster import Cluster, parse_cluster_yaml
+from trainfleet.clusterfile import NodeEdit
 from trainfleet.doctor import netsel
 from trainfleet.doctor.facts import NodeFacts
 from trainfleet.errors import SetupError
@@ -54,10 +56,24 @@ def login_argv(python_dir: str) -> list[str]:
     return ["sh", "-c", start, "sh", _LOGIN_SCRIPT, python_dir]
 
 
-def parse_login(stdout: str) -> dict:
+class Login(TypedDict, total=False):
+    """What `_LOGIN_SCRIPT` printed (`parse_login`): each key only where it said it."""
+
+    path: str
+    """The login shell's PATH."""
+    cuda_home: str
+    cuda_dir: str
+    """/usr/local/cuda, where there is one."""
+    tools: dict[str, str | None]
+    """{tool: its path on the login PATH, None: not there}."""
+    beside_python: dict[str, str | None]
+    """{tool: its path beside the node's python}."""
+
+
+def parse_login(stdout: str) -> Login:
     """The login shell's PATH, CUDA_HOME and tools from its marked lines (other output of a
     chatty ~/.bashrc is ignored)."""
-    login: dict = {"tools": {}}
+    login: Login = {"tools": {}}
     for line in stdout.splitlines():
         key, _, value = line.partition("=")
         if key == "TRAINFLEET_PATH":
@@ -68,22 +84,24 @@ def parse_login(stdout: str) -> dict:
             login["cuda_dir"] = value
         elif key in ("TRAINFLEET_TOOL", "TRAINFLEET_BESIDE"):
             tool, _, path = value.partition("=")
-            kind = "tools" if key == "TRAINFLEET_TOOL" else "beside_python"
-            login.setdefault(kind, {})[tool] = path or None
+            if key == "TRAINFLEET_TOOL":
+                login.setdefault("tools", {})[tool] = path or None
+            else:
+                login.setdefault("beside_python", {})[tool] = path or None
     return login
 
 
 def plan_node_env(
     facts: NodeFacts | None,
-    login: dict,
+    login: Login,
     *,
     interface: str | None,
     env: dict[str, str],
     master_addr: str | None,
-) -> tuple[dict, list[str]]:
+) -> tuple[NodeEdit, list[str]]:
     """(cluster.yaml fields for the node, notes). `facts`: doctor's facts (None when its
     python could not run); `interface`/`env`: what cluster.yaml says for it already."""
-    fields: dict = {}
+    fields: NodeEdit = {}
     notes: list[str] = []
     tools = facts.tools if facts else {}
     found = login.get("tools") or {}
@@ -93,10 +111,10 @@ def plan_node_env(
             fields["interface"] = chosen
         if facts.python.executable:
             fields["python"] = facts.python.executable
-    elif found.get("python3"):
-        fields["python"] = found["python3"]
+    elif login_python := found.get("python3"):
+        fields["python"] = login_python
         notes.append(
-            f"the configured python does not run there; {found['python3']} from the "
+            f"the configured python does not run there; {login_python} from the "
             "login shell recorded (check that it has the training environment)"
         )
     # Where torch's cpp_extension would look (CUDA_HOME, else nvcc's prefix), on GPU nodes
@@ -109,7 +127,7 @@ def plan_node_env(
         or login.get("cuda_dir")
     )
     gpus = facts.gpus.devices if facts and facts.gpus else ()
-    updates = {}
+    updates: dict[str, str] = {}
     if gpus and cuda_home and env.get("CUDA_HOME") != cuda_home:
         updates["CUDA_HOME"] = cuda_home
     # Tools the non-interactive PATH lacks: beside the python (an environment not activated
@@ -118,7 +136,7 @@ def plan_node_env(
     beside = [t for t in lacking if (login.get("beside_python") or {}).get(t)]
     on_login = [t for t in lacking if found.get(t)]
     path = None
-    if beside:
+    if beside and facts:  # (without facts no tool is lacking)
         python_dir = os.path.dirname(facts.python.executable or "")
         path = f"{python_dir}:{facts.path}".rstrip(":")
         notes.append(f"{', '.join(beside)} beside its python, not on the ssh PATH: PATH recorded")
@@ -155,7 +173,8 @@ def setup_env(
             f"cannot reach {fold_names(down)}: {logins[down[0]].reason()}",
             "fix ssh first (`trainfleet setup ssh`)",
         )
-    fields, node_notes = {}, []
+    fields: dict[str, NodeEdit] = {}
+    node_notes: list[str] = []
     for node in cluster.nodes:
         node_fields, notes = plan_node_env(
             survey.facts.get(node.host),

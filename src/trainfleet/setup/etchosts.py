@@ -24,6 +24,7 @@ from pathlib import Path
 from trainfleet import node as node_programs
 from trainfleet.cluster import Cluster
 from trainfleet.doctor.checks import network
+from trainfleet.doctor.collect import Survey
 from trainfleet.errors import NodeAnswerError, SetupError
 from trainfleet.node import files
 from trainfleet.remote import run_on_nodes
@@ -48,7 +49,7 @@ def is_ours(line: object) -> bool:
     return isinstance(line, str) and _OURS.fullmatch(line) is not None
 
 
-def plan_lines(survey) -> dict[str, list[str]]:
+def plan_lines(survey: Survey) -> dict[str, list[str]]:
     """Per node, the lines doctor's facts call for: one per IPv4-mapped address it could not
     name."""
     node_of = {address: host for host, address in survey.addresses.items() if address}
@@ -121,9 +122,8 @@ def _answer(stdout: str, job: files.HostsJob, host: str) -> files.HostsAnswer | 
         answer = node_programs.read_answer(stdout, files.HostsAnswer, node=host)
     except NodeAnswerError:
         return None
-    for key, asked in (("added", "add"), ("removed", "remove")):
-        said = answer[key]
-        if not isinstance(said, list) or not set(said) <= set(job[asked]):
+    for said, asked in ((answer["added"], job["add"]), (answer["removed"], job["remove"])):
+        if not isinstance(said, list) or not set(said) <= set(asked):
             return None
     return answer
 

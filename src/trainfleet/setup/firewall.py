@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from trainfleet.doctor.facts import Firewall
 from trainfleet.untrusted import valid_interface, valid_peer, valid_word
@@ -63,7 +65,10 @@ class NftChain:
 
 def nft_input_chains(ruleset: str) -> list[NftChain]:
     """Base chains on the input hook in `nft list ruleset` text."""
-    chains, table, chain, hooked, filters = [], None, None, False, False
+    chains: list[NftChain] = []
+    table: tuple[str, str] | None = None
+    chain: str | None = None
+    hooked, filters = False, False
 
     def close() -> None:
         if table and chain and hooked:
@@ -126,7 +131,7 @@ def nft_chains_to_open(firewall: Firewall, *, skip_iptables: bool) -> list[NftCh
     return [c for c in nft_input_chains(nft.out) if c.filters and (c.family, c.table) not in own]
 
 
-def _iptables(iface: str, peer: str, **_) -> list[Rule]:
+def _iptables(iface: str, peer: str, **_: object) -> list[Rule]:
     spec = ("-i", iface, "-s", f"{peer}/32", *"-p tcp -m comment --comment".split(), TAG)
     spec += ("-j", "ACCEPT")
     return [
@@ -140,7 +145,7 @@ def _nft_spec(iface: str, peer: str) -> tuple[str, ...]:
     return ("iifname", iface, "ip", "saddr", peer, *"meta l4proto tcp accept comment".split(), TAG)
 
 
-def _nftables(iface: str, peer: str, *, chains: list[NftChain], **_) -> list[Rule]:
+def _nftables(iface: str, peer: str, *, chains: list[NftChain], **_: object) -> list[Rule]:
     spec = _nft_spec(iface, peer)
     rules = []
     for c in chains:
@@ -150,14 +155,14 @@ def _nftables(iface: str, peer: str, *, chains: list[NftChain], **_) -> list[Rul
     return rules
 
 
-def _ufw(iface: str, peer: str, **_) -> list[Rule]:
+def _ufw(iface: str, peer: str, **_: object) -> list[Rule]:
     spec = ("allow", "in", "on", iface, "from", peer, *"to any proto tcp".split())
     return [
         Rule("ufw", ("ufw", "insert", "1", *spec, "comment", TAG), ("ufw", "delete", *spec), peer)
     ]
 
 
-def _firewalld(iface: str, peer: str, *, zone: str | None, **_) -> list[Rule]:
+def _firewalld(iface: str, peer: str, *, zone: str | None, **_: object) -> list[Rule]:
     rich = (
         f'rule family="ipv4" source address="{peer}/32" port port="1-65535" protocol="tcp" accept'
     )
@@ -174,7 +179,20 @@ def _firewalld(iface: str, peer: str, *, zone: str | None, **_) -> list[Rule]:
     ]
 
 
-_RULES = {"iptables": _iptables, "nftables": _nftables, "ufw": _ufw, "firewalld": _firewalld}
+class _MakeRules(Protocol):
+    """One backend's rules for TCP from `peer` in on `iface` (each reads what it needs)."""
+
+    def __call__(
+        self, iface: str, peer: str, *, chains: list[NftChain], zone: str | None
+    ) -> list[Rule]: ...
+
+
+_RULES: dict[str, _MakeRules] = {
+    "iptables": _iptables,
+    "nftables": _nftables,
+    "ufw": _ufw,
+    "firewalld": _firewalld,
+}
 
 
 def allow_rules(
@@ -182,7 +200,7 @@ def allow_rules(
     iface: str,
     peers: list[str],
     *,
-    chains: list[NftChain] = (),
+    chains: Sequence[NftChain] = (),
     zone: str | None = None,
 ) -> list[Rule]:
     """The rules for one node: TCP from each peer address, in on `iface`. `chains`: the

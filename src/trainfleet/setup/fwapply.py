@@ -30,6 +30,7 @@ from trainfleet.errors import SetupError
 from trainfleet.remote import run_on_nodes
 from trainfleet.setup import firewall, verify
 from trainfleet.setup.fwstate import (
+    RuleEntry,
     default_state_file,
     load_state,
     revert_rules,
@@ -79,7 +80,9 @@ def resolve_names(cluster: Cluster) -> dict[str, list[str]]:
             infos = socket.getaddrinfo(node.host, None, socket.AF_INET, socket.SOCK_STREAM)
         except (OSError, UnicodeError):
             infos = []
-        found[node.host] = sorted({info[4][0] for info in infos})
+        # AF_INET's sockaddr is (host, port); the type of a sockaddr admits other families' ints.
+        addresses = (info[4][0] for info in infos)
+        found[node.host] = sorted({a for a in addresses if isinstance(a, str)})
     return found
 
 
@@ -193,14 +196,10 @@ def apply_rules(
                         f"{r.node}: nft printed no handle for `{rule.text}`: --revert looks"
                         " for it by its comment and match, or says to remove it by hand"
                     )
-            state["nodes"].setdefault(r.node, []).append(
-                {
-                    "backend": rule.backend,
-                    "text": rule.text,
-                    "peer": rule.peer,
-                    "revert": sudo[r.node] + revert,
-                }
+            entry = RuleEntry(
+                backend=rule.backend, text=rule.text, peer=rule.peer, revert=sudo[r.node] + revert
             )
+            state["nodes"].setdefault(r.node, []).append(entry)
             save_state(state_file, state)  # recorded at once: a failure later loses nothing
             result.add(r.node, f"added ({rule.backend}): {rule.text}")
     if failed:

@@ -16,17 +16,33 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Iterator
 from enum import Enum
 from pathlib import Path
+from typing import Any, TypedDict
 
 from trainfleet.cluster import Cluster
 from trainfleet.errors import SetupError
 from trainfleet.files import write_private
-from trainfleet.remote import run_on_nodes
+from trainfleet.remote import NodeResult, run_on_nodes
 from trainfleet.setup import firewall
 from trainfleet.setup.result import SetupResult
 
 TIMEOUT_S = 30
+
+
+class _Entry(TypedDict):
+    backend: str
+    text: str
+    """The command that added it, as shown."""
+    revert: list[str]
+    """The argv that removes it (`load_state` checks it is one `setup firewall` makes)."""
+
+
+class RuleEntry(_Entry, total=False):
+    """A rule `setup firewall --apply` added, as the state file lists it under its node."""
+
+    peer: str
 
 
 def default_state_file(cluster_in: str | None) -> str:
@@ -35,7 +51,7 @@ def default_state_file(cluster_in: str | None) -> str:
     return str(Path.home() / ".trainfleet" / "firewall.json")
 
 
-def load_state(path: str, *, must_exist: bool = False) -> dict:
+def load_state(path: str, *, must_exist: bool = False) -> dict[str, Any]:
     """The state file, checked: every entry's revert command must be one `setup firewall`
     makes (`firewall.revert_is_ours`), so that an edited file cannot make --revert run
     anything else. `must_exist`: a missing file is an error (--revert), not an empty state."""
@@ -69,7 +85,7 @@ def load_state(path: str, *, must_exist: bool = False) -> dict:
     return state
 
 
-def save_state(path: str, state: dict) -> None:
+def save_state(path: str, state: dict[str, Any]) -> None:
     """Written whole (private, replaced in one step); gone once it records nothing. `setup
     hosts` keeps its state the same way."""
     if not any(state["nodes"].values()):
@@ -82,7 +98,9 @@ def save_state(path: str, state: dict) -> None:
     os.replace(tmp, path)
 
 
-def run_in_turn(cluster: Cluster, argvs: dict[str, list[list[str]]]):
+def run_in_turn(
+    cluster: Cluster, argvs: dict[str, list[list[str]]]
+) -> Iterator[tuple[int, list[NodeResult]]]:
     """Each node's argvs one after another, nodes at once; yields (round, results)."""
     for i in range(max((len(a) for a in argvs.values()), default=0)):
         hosts = [h for h, a in argvs.items() if i < len(a)]
@@ -121,7 +139,7 @@ def _chain(revert: list[str]) -> list[str]:
     return revert[where + 2 : -2]
 
 
-def find_nft_rule(listing: str, item: dict, claimed: set[str]) -> tuple[Found, str | None]:
+def find_nft_rule(listing: str, item: RuleEntry, claimed: set[str]) -> tuple[Found, str | None]:
     """Which rule in `listing` (`nft -a list chain` of the entry's chain) the state entry
     `item` added, and its handle. A recorded handle counts only while it still names a rule
     with our comment (handles are reused after a flush; 5 is not 52). Without one ("?": nft
@@ -156,7 +174,7 @@ def find_nft_rule(listing: str, item: dict, claimed: set[str]) -> tuple[Found, s
     return (Found.UNSURE, None) if exact or near else (Found.GONE, None)
 
 
-def _by_hand(item: dict) -> str:
+def _by_hand(item: RuleEntry) -> str:
     family, table, chain = _chain(item["revert"])
     return (
         f"`{item['text']}` may still be there: nft printed no handle when it was added, and "
@@ -167,7 +185,7 @@ def _by_hand(item: dict) -> str:
 
 
 def _locate(
-    cluster: Cluster, host: str, item: dict, claimed: set[tuple[str, ...]]
+    cluster: Cluster, host: str, item: RuleEntry, claimed: set[tuple[str, ...]]
 ) -> tuple[Found, str]:
     """`find_nft_rule` on the node's listing of the entry's chain: (where, handle or why).
     `claimed`: (family, table, chain, handle) of the rules other entries on the node hold."""
@@ -192,7 +210,9 @@ def revert_rules(cluster: Cluster, state_file: str, result: SetupResult) -> None
             f"{state_file} lists {', '.join(unknown)}, not in this cluster",
             "pass the same cluster as with --apply",
         )
-    argvs, runs, failed = {}, {}, []
+    argvs: dict[str, list[list[str]]] = {}
+    runs: dict[str, list[tuple[RuleEntry, list[str]]]] = {}
+    failed: list[str] = []
     for host, items in entries.items():
         nft = [item["revert"] for item in items if item["backend"] == "nftables"]
         claimed = {(*_chain(r), r[-1]) for r in nft if r[-1].isdigit()}

@@ -160,9 +160,9 @@ def describe_changed(owner: str, target: Target, stale: dict[str, list[str]]) ->
     for name, old in stale.items():
         by_old.setdefault(tuple(old), []).append(name)
     lines = []
-    for old, names in by_old.items():
+    for old_keys, names in by_old.items():
         lines.append(f"  {owner}: {target.node} (known as {', '.join(names)}): CHANGED")
-        lines += [f"      was: {fingerprint(key)}" for key in old]
+        lines += [f"      was: {fingerprint(key)}" for key in old_keys]
         lines += [f"      now: {fingerprint(key)}" for key in target.offered]
     return lines
 
@@ -227,9 +227,11 @@ def ssh_g_argv(node: Node) -> list[str]:
 
 def _ipv4(name: str) -> str | None:
     try:
-        return socket.getaddrinfo(name, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
+        address = socket.getaddrinfo(name, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
     except (OSError, UnicodeError, IndexError):
         return None
+    # AF_INET's sockaddr is (host, port); the type of a sockaddr admits other families' ints.
+    return address if isinstance(address, str) else None
 
 
 def ipv4s(name: str) -> set[str]:

@@ -8,6 +8,7 @@ per node.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from trainfleet import node as node_programs
 from trainfleet.cluster import Node
@@ -23,9 +24,9 @@ JOB_ARGV = node_programs.argv(verify.PROBE_PYTHON, sshkeys.run)
 """A stdlib python3 reads the job from stdin: nodes need nothing else installed."""
 
 
-def job_line(asked: dict) -> bytes:
-    """What JOB_ARGV reads first on stdin: the trust job that asks for `asked`."""
-    return node_programs.line(sshkeys.run, sshkeys.job(**asked))
+def job_line(job: sshkeys.TrustJob) -> bytes:
+    """What JOB_ARGV reads first on stdin: the trust job (`sshkeys.job` builds one)."""
+    return node_programs.line(sshkeys.run, job)
 
 
 def _job_failed(results: Sequence[NodeResult]) -> SetupError:
@@ -39,7 +40,9 @@ def _job_failed(results: Sequence[NodeResult]) -> SetupError:
     return SetupError(f"the setup job failed on {detail}", results[0].failure.fix(results[0].node))
 
 
-def run_jobs(nodes: Sequence[Node], jobs: Mapping[str, dict]) -> dict[str, dict]:
+def run_jobs(
+    nodes: Sequence[Node], jobs: Mapping[str, sshkeys.TrustJob]
+) -> dict[str, sshkeys.TrustAnswer]:
     """The trust job on each node (BatchMode ssh); its JSON result per node."""
     if not nodes:
         return {}
@@ -48,13 +51,15 @@ def run_jobs(nodes: Sequence[Node], jobs: Mapping[str, dict]) -> dict[str, dict]
     failed = [r for r in results if not r.ok]
     if failed:
         raise _job_failed(failed)
-    return {r.node: read_answer(r.node, r.stdout, sshkeys.job(**jobs[r.node])) for r in results}
+    return {r.node: read_answer(r.node, r.stdout, jobs[r.node]) for r in results}
 
 
 def read_answer(host: str, stdout: str, job: sshkeys.TrustJob) -> sshkeys.TrustAnswer:
     """The job's answer (`trainfleet.node.read_answer`), checked field by field: root on the
     node writes it, and its keys end up in every node's authorized_keys and known_hosts, its
     paths and names on the screen."""
+    answer: sshkeys.TrustAnswer | None
+    problem: str | None
     try:
         answer = node_programs.read_answer(stdout, sshkeys.TrustAnswer, node=host)
     except NodeAnswerError as exc:
@@ -84,8 +89,10 @@ def _problem(answer: sshkeys.TrustAnswer, job: sshkeys.TrustJob) -> str | None:
             return f"has no plain {field}"
     if any(not isinstance(answer.get(f), bool) for f in _FLAGS):
         return "has no key_created/key_missing flags"
-    if any(type(answer.get(f)) is not int or answer[f] < 0 for f in _COUNTS):
-        return "has no counts of the lines it added"
+    for f in _COUNTS:
+        count = answer.get(f)
+        if type(count) is not int or count < 0:
+            return "has no counts of the lines it added"
     pubkey = answer.get("pubkey")
     if pubkey is not None and not (isinstance(pubkey, str) and valid_key(pubkey)):
         return f"holds a public key that is not exactly one key ({printable(str(pubkey))[:80]!r})"
@@ -102,10 +109,11 @@ def _problem(answer: sshkeys.TrustAnswer, job: sshkeys.TrustJob) -> str | None:
     return None
 
 
-def node_job(node: Node, **fields) -> dict:
-    return {
-        "identity": node.ssh.identity_file,
-        "known_hosts": node.ssh.known_hosts_file,
-        "ssh_g": hostkeys.ssh_g_argv(node),
+def node_job(node: Node, **fields: Any) -> sshkeys.TrustJob:
+    """The trust job for `node` with its ssh settings, asking for `fields` too."""
+    return sshkeys.job(
+        identity=node.ssh.identity_file,
+        known_hosts=node.ssh.known_hosts_file,
+        ssh_g=hostkeys.ssh_g_argv(node),
         **fields,
-    }
+    )

@@ -27,15 +27,17 @@ import functools
 import os
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
+from typing import Literal
 
 from trainfleet import node as node_programs
 from trainfleet.cluster import Cluster, Node, parse_cluster_yaml
 from trainfleet.cluster.validate import PATH_RE
+from trainfleet.clusterfile import NodeEdit
 from trainfleet.errors import NodeAnswerError, SetupError
 from trainfleet.launch.environment import launch_shell_env
 from trainfleet.node import pyenv as node_pyenv
@@ -87,7 +89,8 @@ def parse_node_env(stdout: str, *, node: str) -> NodeEnv:
     """`node_pyenv.inspect`'s answer (`node_pyenv.EnvFacts`); ValueError when it is not what it
     should be."""
     try:
-        raw = node_programs.read_answer(stdout, node_pyenv.EnvFacts, node=node)
+        # Its keys checked there; each value is checked below (a node's words are untrusted).
+        raw: node_pyenv.EnvFacts = node_programs.read_answer(stdout, node_pyenv.EnvFacts, node=node)
     except NodeAnswerError as exc:
         raise ValueError(exc.problem) from None
     version = str(raw["version"])
@@ -98,8 +101,8 @@ def parse_node_env(stdout: str, *, node: str) -> NodeEnv:
         if _WORD.fullmatch(str(name)) and _WORD.fullmatch(str(value)):
             packages[wheels.normalize(name)] = str(value)
 
-    def word(key: str) -> str | None:
-        value = raw[key]  # type: ignore[literal-required]
+    def word(key: Literal["libc_version", "machine", "driver", "implementation"]) -> str | None:
+        value = raw[key]
         return str(value) if value and _WORD.fullmatch(str(value)) else None
 
     free = raw["free_bytes"]
@@ -318,8 +321,8 @@ def setup_pyenv(
     argv_for = functools.partial(_with_target_python, target, python)
     ops_todo = _ops_to_build(cluster, envs, argv_for, target, ops, job_envs)
     if dry_run:
-        for host, names in ops_todo.items():
-            result.add(host, f"would build DeepSpeed ops {', '.join(names)} (on one node, "
+        for host, op_names in ops_todo.items():
+            result.add(host, f"would build DeepSpeed ops {', '.join(op_names)} (on one node, "
                              "copied to the others)")  # fmt: skip
     elif todo or ops_todo:
         plan = [f"  {c.node}: {c.what}" for c in result.changes]
@@ -342,7 +345,14 @@ def setup_pyenv(
     return result
 
 
-def _ops_to_build(cluster, envs, argv_for, target, ops, job_envs) -> dict[str, list[str]]:
+def _ops_to_build(
+    cluster: Cluster,
+    envs: dict[str, NodeEnv],
+    argv_for: dsops.ArgvFor,
+    target: str,
+    ops: Sequence[str],
+    job_envs: dict[str, dict[str, str]],
+) -> dict[str, list[str]]:
     """{host: the ops it lacks}, asked of the nodes that have TARGET (the others lack all)."""
     if not ops:
         return {}
@@ -352,7 +362,16 @@ def _ops_to_build(cluster, envs, argv_for, target, ops, job_envs) -> dict[str, l
     return {host: names for host, names in wanted.items() if names}
 
 
-def _install_everywhere(cluster, dists, todo, target, python, wheel_dirs, cache, result):
+def _install_everywhere(
+    cluster: Cluster,
+    dists: list[Dist],
+    todo: dict[str, list[Dist]],
+    target: str,
+    python: str,
+    wheel_dirs: Sequence[str],
+    cache: Path | None,
+    result: SetupResult,
+) -> None:
     """Gather the wheels once, then per node (at once): copy what it needs, install it."""
     needed = {d.name: d for names in todo.values() for d in names}
     needed["pip"] = next(d for d in dists if d.name == "pip")  # what installs, on every node
@@ -397,15 +416,22 @@ def _job_env(node: Node, target: str, node_path: str) -> dict[str, str]:
     return {**env, **node.env, "PATH": _venv_first_path(node, target, node_path)}
 
 
-def _record_python(cluster, target, envs, cluster_in, cluster_out, result) -> None:
+def _record_python(
+    cluster: Cluster,
+    target: str,
+    envs: dict[str, NodeEnv],
+    cluster_in: str | None,
+    cluster_out: str | None,
+    result: SetupResult,
+) -> None:
     """Every node's `python:` is TARGET's, and its PATH starts with TARGET/bin: the tools
     beside that python (torchrun, deepspeed, ninja for DeepSpeed's op builds) are found there,
     and the PATH the launch shell would forward (its own directories, maybe another user's)
     does not reach the ranks. `setup env` records the same PATH for tools beside python."""
     python = f"{target}/bin/python"
-    fields = {}
+    fields: dict[str, NodeEdit] = {}
     for node in cluster.nodes:
-        wanted = {"python": python} if node.python != python else {}
+        wanted: NodeEdit = {"python": python} if node.python != python else {}
         path = _venv_first_path(node, target, envs[node.host].path)
         if path != (node.env.get("PATH") or envs[node.host].path):
             wanted["env"] = {"PATH": path}

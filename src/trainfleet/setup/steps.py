@@ -19,9 +19,22 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from trainfleet.cluster import Cluster
+from trainfleet.errors import SetupError
 from trainfleet.setup.result import Confirm, SetupResult
+
+
+def no_password(nodes: list[str]) -> str:
+    """StepOptions' password when none was given: nothing to ask it with."""
+    from trainfleet.nodeset import fold_names
+
+    raise SetupError(
+        f"{fold_names(nodes)} do(es) not accept this machine's key yet, and no way to ask for "
+        "the password was given",
+        "run `trainfleet setup ssh` in a terminal, or pass the password with --password-stdin",
+    )
 
 
 @dataclass(kw_only=True, slots=True)
@@ -31,8 +44,9 @@ class StepOptions:
 
     known_hosts: str | None = None
     """ssh: trust the host keys this file holds instead of asking."""
-    password: Callable[[list[str]], str] | None = None
-    """ssh: asks the login password once, for the nodes that do not take this machine's key."""
+    password: Callable[[list[str]], str] = no_password
+    """ssh: asks the login password once, for the nodes that do not take this machine's key
+    (`trainfleet setup`'s flags always give one; the default raises SetupError)."""
     hostfile_out: str | None = None
     """hostfile: the hostfile to write (default: next to the cluster file, else ./hostfile)."""
     cluster_out: str | None = None
@@ -56,8 +70,19 @@ class StepOptions:
     """sync: the code directory (default: cluster.yaml's workdir)."""
 
 
-RunStep = Callable[..., SetupResult]
-"""run(cluster, options, *, cluster_file, dry_run, confirm) -> the step's result."""
+class RunStep(Protocol):
+    """How a step runs: its library function called with what `options` holds for it."""
+
+    def __call__(
+        self,
+        cluster: Cluster,
+        options: StepOptions,
+        /,
+        *,
+        cluster_file: str | None,
+        dry_run: bool,
+        confirm: Confirm,
+    ) -> SetupResult: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,14 +105,28 @@ def hostfile_out(options: StepOptions, cluster_file: str | None) -> str:
     return str(Path(cluster_file).parent / "hostfile") if cluster_file else "hostfile"
 
 
-def _ssh(cluster: Cluster, options: StepOptions, *, cluster_file, dry_run, confirm):
+def _ssh(
+    cluster: Cluster,
+    options: StepOptions,
+    *,
+    cluster_file: str | None,
+    dry_run: bool,
+    confirm: Confirm,
+) -> SetupResult:
     from trainfleet.setup.trust import setup_ssh
 
     return setup_ssh(cluster, confirm=confirm, password=options.password,
                      trusted_file=options.known_hosts, dry_run=dry_run)  # fmt: skip
 
 
-def _hostfile(cluster: Cluster, options: StepOptions, *, cluster_file, dry_run, confirm):
+def _hostfile(
+    cluster: Cluster,
+    options: StepOptions,
+    *,
+    cluster_file: str | None,
+    dry_run: bool,
+    confirm: Confirm,
+) -> SetupResult:
     from trainfleet.setup.hostfile import setup_hostfile
 
     return setup_hostfile(cluster, hostfile_out=hostfile_out(options, cluster_file),
@@ -95,14 +134,28 @@ def _hostfile(cluster: Cluster, options: StepOptions, *, cluster_file, dry_run, 
                           cpu_slots=options.cpu_slots, dry_run=dry_run)  # fmt: skip
 
 
-def _env(cluster: Cluster, options: StepOptions, *, cluster_file, dry_run, confirm):
+def _env(
+    cluster: Cluster,
+    options: StepOptions,
+    *,
+    cluster_file: str | None,
+    dry_run: bool,
+    confirm: Confirm,
+) -> SetupResult:
     from trainfleet.setup.env import setup_env
 
     return setup_env(cluster, cluster_in=cluster_file, cluster_out=options.cluster_out,
                      dry_run=dry_run)  # fmt: skip
 
 
-def _pyenv(cluster: Cluster, options: StepOptions, *, cluster_file, dry_run, confirm):
+def _pyenv(
+    cluster: Cluster,
+    options: StepOptions,
+    *,
+    cluster_file: str | None,
+    dry_run: bool,
+    confirm: Confirm,
+) -> SetupResult:
     from trainfleet.setup.pyenv import setup_pyenv
 
     return setup_pyenv(cluster, target=options.venv, packages=list(options.packages),
@@ -111,25 +164,51 @@ def _pyenv(cluster: Cluster, options: StepOptions, *, cluster_file, dry_run, con
                        dry_run=dry_run, ds_ops=options.ds_ops)  # fmt: skip
 
 
-def _firewall(cluster: Cluster, options: StepOptions, *, cluster_file, dry_run, confirm):
+def _firewall(
+    cluster: Cluster,
+    options: StepOptions,
+    *,
+    cluster_file: str | None,
+    dry_run: bool,
+    confirm: Confirm,
+) -> SetupResult:
     from trainfleet.setup.fwapply import setup_firewall
 
     return setup_firewall(cluster, mode=options.firewall_mode, state_file=options.state_file,
                           cluster_in=cluster_file, confirm=confirm, dry_run=dry_run)  # fmt: skip
 
 
-def _hosts(cluster: Cluster, options: StepOptions, *, cluster_file, dry_run, confirm):
+def _hosts(
+    cluster: Cluster,
+    options: StepOptions,
+    *,
+    cluster_file: str | None,
+    dry_run: bool,
+    confirm: Confirm,
+) -> SetupResult:
     from trainfleet.setup.etchosts import setup_hosts
 
     return setup_hosts(cluster, revert=options.revert, state_file=options.state_file,
                        cluster_in=cluster_file, confirm=confirm, dry_run=dry_run)  # fmt: skip
 
 
-def _sync(cluster: Cluster, options: StepOptions, *, cluster_file, dry_run, confirm):
+def _sync(
+    cluster: Cluster,
+    options: StepOptions,
+    *,
+    cluster_file: str | None,
+    dry_run: bool,
+    confirm: Confirm,
+) -> SetupResult:
     from trainfleet.setup.sync import sync_code
 
-    return sync_code(cluster, options.code_dir or cluster.workdir, confirm=confirm,
-                     dry_run=dry_run)  # fmt: skip
+    directory = options.code_dir or cluster.workdir
+    if directory is None:  # setup.every skips the step then; a caller of the table may not
+        raise SetupError(
+            "no code directory named",
+            "pass --code DIR (or set `workdir:` in cluster.yaml)",
+        )
+    return sync_code(cluster, directory, confirm=confirm, dry_run=dry_run)
 
 
 STEPS: tuple[Step, ...] = (

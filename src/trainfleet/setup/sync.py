@@ -105,7 +105,7 @@ def _check_directory(directory: str) -> str:
 def environments_inside(cluster: Cluster, directory: str, excludes: Sequence[str]) -> list[str]:
     """The names of the environments (`setup pyenv`'s venvs) that the nodes' python lives in
     inside `directory`, not excluded yet: --delete would remove them on the nodes."""
-    names = []
+    names: list[str] = []
     for node in cluster.nodes:
         env = Path(node.python).parent.parent
         if Path(directory) in env.parents and not is_excluded(env.name, [*excludes, *names]):

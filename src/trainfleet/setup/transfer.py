@@ -117,6 +117,8 @@ def stream_tar(
     """`create`, a tar writing its archive to stdout (here, or on another node through ssh),
     piped into a tar that unpacks it in `directory` on `node` (`foreign_extract_argv`)."""
     with subprocess.Popen(create, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as tar:
+        # Popen types the pipes Optional; both were asked for (PIPE) just above.
+        assert tar.stdout is not None and tar.stderr is not None
         extract = subprocess.run(
             foreign_extract_argv(node, directory, staged=staged),
             stdin=tar.stdout,
@@ -146,6 +148,8 @@ def _tar_copy(node: Node, directory: str, excludes: Sequence[str]) -> str:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
+    # Popen types the pipes Optional; all three were asked for (PIPE) just above.
+    assert create.stdin is not None and create.stdout is not None and create.stderr is not None
     create.stdout.close()  # the extracting ssh holds the pipe now
     create.stdin.write(b"".join(m.encode() + b"\0" for m in keep))
     create.stdin.close()

@@ -33,6 +33,7 @@ from trainfleet.doctor.collect import Survey
 from trainfleet.doctor.facts import NodeFacts
 from trainfleet.doctor.findings import Severity
 from trainfleet.errors import SetupError
+from trainfleet.node import sshkeys
 from trainfleet.nodeset import fold_names
 from trainfleet.remote import Failure, classify, run_on_nodes
 from trainfleet.setup import askpass, hostkeys, verify
@@ -97,7 +98,8 @@ def _log_in(
         secret = password(need)
         here = socket.gethostname()
         stdin = {
-            h: job_line({"authorize": [f"{pubkeys[h]} trainfleet-setup:{here}"]}) for h in need
+            h: job_line(sshkeys.job(authorize=[f"{pubkeys[h]} trainfleet-setup:{here}"]))
+            for h in need
         }
         copied = askpass.run_with_password(nodes, JOB_ARGV, stdin, secret)
         del secret
@@ -169,7 +171,7 @@ def _own_hostnames(
 
 def _node_known_hosts(
     cluster: Cluster, targets: dict[str, hostkeys.Target], result: SetupResult, confirm: Confirm
-) -> dict[str, dict]:
+) -> dict[str, sshkeys.TrustAnswer]:
     """Every node's known_hosts holds every node under every name; returns each node's view."""
     names = [name for target in targets.values() for name in target.names]
     views = run_jobs(
@@ -195,13 +197,13 @@ def _node_known_hosts(
                 "check the fingerprints, then run again and answer yes (or pass"
                 " --replace-changed-host-keys)",
             )
-    jobs = {
-        host: {
-            "known_hosts": views[host]["known_hosts"],
-            "remove": remove,
-            "add_known": add,
-            "dry_run": result.dry_run,
-        }
+    jobs: dict[str, sshkeys.TrustJob] = {
+        host: sshkeys.job(
+            known_hosts=views[host]["known_hosts"],
+            remove=remove,
+            add_known=add,
+            dry_run=result.dry_run,
+        )
         for host, (add, remove) in plans.items()
     }
     done = run_jobs([cluster.node(h) for h in jobs], jobs)
@@ -223,7 +225,9 @@ def _node_known_hosts(
 # ----------------------------------------------------------------------------- step 4
 
 
-def _node_trust(cluster: Cluster, views: dict[str, dict], result: SetupResult) -> Survey:
+def _node_trust(
+    cluster: Cluster, views: dict[str, sshkeys.TrustAnswer], result: SetupResult
+) -> Survey:
     survey = verify.survey(cluster, verify.SSH, probe_python=verify.PROBE_PYTHON)
     pairs = auth_pairs(survey.facts, [node.host for node in cluster.nodes])
     if not pairs:
@@ -250,7 +254,7 @@ def _node_trust(cluster: Cluster, views: dict[str, dict], result: SetupResult) -
         )
     if not result.dry_run:
         jobs = {
-            dst: {"authorize": [f"{views[s]['pubkey']} trainfleet-setup:{s}" for s in srcs]}
+            dst: sshkeys.job(authorize=[f"{views[s]['pubkey']} trainfleet-setup:{s}" for s in srcs])
             for dst, srcs in by_target.items()
         }
         run_jobs([cluster.node(d) for d in jobs], jobs)

@@ -112,8 +112,10 @@ def closure(roots: list[str]) -> tuple[list[Dist], list[str]]:
 
     dists = installed()
     missing = [r for r in roots if normalize(r) not in dists]
-    todo = [(normalize(r), ()) for r in roots if normalize(r) in dists]
-    seen: dict[str, set] = {}
+    todo: list[tuple[str, tuple[str, ...]]] = [
+        (normalize(r), ()) for r in roots if normalize(r) in dists
+    ]
+    seen: dict[str, set[str]] = {}
     while todo:
         name, extras = todo.pop()
         if name in seen and set(extras) <= seen[name]:
@@ -242,7 +244,9 @@ def repack(dist: Dist, into: Path) -> Path:
     """The installed files of `dist` packed back into a wheel in `into` (written to a temporary
     name first, so a cut-off run leaves no half wheel under the real name)."""
     installed_dist = installed()[dist.name]
-    site = Path(installed_dist.locate_file(""))
+    # str(): importlib types it a SimplePath (what a Distribution may give); from the
+    # distributions on sys.path (installed()'s) it is a Path.
+    site = Path(str(installed_dist.locate_file("")))
     prefix = Path(sys.prefix)
     info_dir = next(p for p in installed_dist.files or [] if str(p).endswith(".dist-info/RECORD"))
     info = str(info_dir.parent)

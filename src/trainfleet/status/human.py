@@ -172,7 +172,8 @@ def _hang(view: StatusView) -> list[str]:
     lines = [line]
     nodes = {r.rank: r.node for r in view.ranks}
     for who in hang.behind:
-        text = f"rank {who.rank} ({who.node or nodes.get(who.rank, '?')})"
+        known = nodes.get(who.rank, "?") if who.rank is not None else "?"
+        text = f"rank {who.rank} ({who.node or known})"
         lines.append(f"  behind: {text}" + (f": {who.where}" if who.where else ""))
     report = hang.report
     if report and report.collectives:

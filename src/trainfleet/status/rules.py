@@ -90,20 +90,20 @@ def _judge_stragglers(ranks: list[RankRow], margin: float) -> tuple[str, float |
         return "one rank", None
     if not any(r.busy_samples for r in ranks):
         return "no busy_s", None
-    ready = [r for r in ranks if r.median_busy_s is not None]
+    ready = [(r, r.median_busy_s) for r in ranks if r.median_busy_s is not None]
     if len(ready) < 2:
         return "too few samples", None
-    reference = median(r.median_busy_s for r in ready)
+    reference = median(busy for _, busy in ready)
     if reference <= 0:
         return "too few samples", None
-    for r in ready:
+    for r, busy in ready:
         # Against the others, not all: with two ranks the median of all is their mean, and a
         # rank 40% slower than the other would be only 17% above it.
-        others = median(x.median_busy_s for x in ready if x is not r)
+        others = median(other_busy for x, other_busy in ready if x is not r)
         if others <= 0:
             continue
         r.others_busy_s = round(others, 4)
-        r.slower_by = round(r.median_busy_s / others - 1, 3)
+        r.slower_by = round(busy / others - 1, 3)
         r.straggler = r.slower_by > margin
     return "ok", round(reference, 4)
 
@@ -122,9 +122,9 @@ def stragglers(ranks: list[dict[str, Any]], *, margin: float = MARGIN) -> dict[i
 
 
 def _slowest(rows: list[RankRow]) -> int | None:
-    timed = [r for r in rows if r.median_busy_s is not None]
+    timed = [(r.median_busy_s, r) for r in rows if r.median_busy_s is not None]
     if timed:
-        return max(timed, key=lambda r: r.median_busy_s).rank
+        return max(timed, key=lambda pair: pair[0])[1].rank
     if not rows:
         return None
     behind = min(rows, key=lambda r: (-1 if r.step is None else r.step, -(r.since_beat_s or 0)))
