@@ -98,7 +98,8 @@ def _resolve(name: str) -> str | None:
         infos = socket.getaddrinfo(name, None, socket.AF_INET, socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError):
         return None
-    return infos[0][4][0] if infos else None
+    address = infos[0][4][0] if infos else None
+    return address if isinstance(address, str) else None  # AF_INET's (host, port): a str
 
 
 def node_addresses(cluster: Cluster) -> dict[str, str | None]:
@@ -156,7 +157,8 @@ def _named_by(host: str, master: str, addresses: dict[str, str | None]) -> list[
     ipv4 = {a for a in addresses.values() if a and ":" not in a}
     if host == master:
         return sorted(ipv4)
-    return [addresses[master]] if addresses[master] in ipv4 else []
+    master_address = addresses[master]
+    return [master_address] if master_address in ipv4 else []
 
 
 def plan_params(
@@ -254,9 +256,8 @@ def go_lines(params: dict[str, probe.ProbeParams], addresses: dict[str, str | No
         if host in started and params[host]["peers"]:
             go["peers"] = [h for h in params if h in started]
             go["inbound"] = _inbound(host, started, sample, listen, addresses)
-            go["bandwidth_from"] = any(
-                (params[src]["bandwidth_to"] or {}).get("node") == host for src in started
-            )
+            targets = (params[src]["bandwidth_to"] for src in started)
+            go["bandwidth_from"] = any(t is not None and t["node"] == host for t in targets)
         return json.dumps(go).encode() + b"\n"
 
     return line

@@ -182,7 +182,7 @@ def plan_interfaces(report: DoctorReport, cluster_file: str | None, plan: FixPla
                 interfaces[host] = chosen
     if not interfaces:
         return
-    pins = {host: {"interface": iface} for host, iface in interfaces.items()}
+    pins = {host: clusterfile.NodeEdit(interface=iface) for host, iface in interfaces.items()}
     if cluster_file:
         text = Path(cluster_file).read_text()
         try:
@@ -296,9 +296,9 @@ def render_plan(plan: FixPlan) -> str:
             )
         else:
             lines.append(f"    undo: rm {plan.interfaces.path}; then pass it with -c")
-    for fix in plan.jit_locks:
-        lines.append(f"  remove torch's stale JIT build lock(s) on {fix.node}:")
-        lines += [f"      {path}" for path in fix.paths]
+    for locks in plan.jit_locks:
+        lines.append(f"  remove torch's stale JIT build lock(s) on {locks.node}:")
+        lines += [f"      {path}" for path in locks.paths]
         lines.append("    undo: none needed (torch creates the lock anew at its next build)")
     if plan.not_done:
         lines.append("left to you:")
@@ -348,12 +348,12 @@ def apply_plan(plan: FixPlan, cluster: Cluster) -> list[str]:
             )
         done.append(f"{fix.target}: {fix.known_hosts}: {outcome} line(s) added for {fix.name}")
     if plan.interfaces:
-        fix = plan.interfaces
-        clusterfile.save(fix.path, fix.text, backup=fix.backup)
-        if fix.backup:
-            done.append(f"{fix.path}: interfaces pinned (old file: {fix.backup})")
+        pinned = plan.interfaces
+        clusterfile.save(pinned.path, pinned.text, backup=pinned.backup)
+        if pinned.backup:
+            done.append(f"{pinned.path}: interfaces pinned (old file: {pinned.backup})")
         else:
-            done.append(f"{fix.path}: written; pass it with -c {fix.path}")
-    for fix in plan.jit_locks:
-        done += remove_jit_locks(fix, cluster)
+            done.append(f"{pinned.path}: written; pass it with -c {pinned.path}")
+    for locks in plan.jit_locks:
+        done += remove_jit_locks(locks, cluster)
     return done

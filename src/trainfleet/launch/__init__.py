@@ -41,6 +41,7 @@ from trainfleet.launch.backend import Plan
 from trainfleet.launch.backends import BACKENDS, backend_for
 from trainfleet.launch.masking import masked, masked_argv
 from trainfleet.launch.options import LaunchFacts, LaunchOptions
+from trainfleet.launch.output import TextOut
 from trainfleet.launch.supervisor import LaunchResult, RunState, supervise
 
 __all__ = [
@@ -205,7 +206,12 @@ def _env_record(plan: Plan) -> str:
 
 
 def launch(
-    plan: Plan, cluster: Cluster, *, run_dir: Path, out=None, restarts: list | None = None
+    plan: Plan,
+    cluster: Cluster,
+    *,
+    run_dir: Path,
+    out: TextOut | None = None,
+    restarts: list | None = None,
 ) -> LaunchResult:
     """Run the plan; a run whose ranks did not all join gets doctor's findings as diagnosis."""
     run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -20,7 +20,7 @@ import signal
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from trainfleet.cluster import Cluster
@@ -125,7 +125,11 @@ def head_line(plan: Plan) -> str:
     )
 
 
-class LaunchBackend(Protocol):
+PlanT = TypeVar("PlanT", bound=Plan)
+"""A backend's own plan type: what its `plan` returns is what its other methods take."""
+
+
+class LaunchBackend(Protocol[PlanT]):
     name: str
     """Its `--backend` name."""
     summary: str
@@ -150,30 +154,30 @@ class LaunchBackend(Protocol):
         launch_env: Mapping[str, str],
         launch_cwd: str,
         run_dir: Path,
-    ) -> Plan:
+    ) -> PlanT:
         """Pure: the same inputs give the same plan."""
         ...
 
-    def render(self, plan: Plan) -> str:
+    def render(self, plan: PlanT) -> str:
         """`--dry-run`: what runs where, with every variable's source, secrets masked."""
         ...
 
-    def node_envs(self, plan: Plan) -> dict[str, Mapping[str, str]]:
+    def node_envs(self, plan: PlanT) -> dict[str, Mapping[str, str]]:
         """Each node's environment (secrets unmasked: the caller masks what it writes)."""
         ...
 
-    def start(self, plan: Plan, cluster: Cluster, run_dir: Path) -> list[Channel]:
+    def start(self, plan: PlanT, cluster: Cluster, run_dir: Path) -> list[Channel]:
         """What must be on the nodes and in the run dir before the channels start; then
         the channels."""
         ...
 
     def dump_stacks(
-        self, plan: Plan, cluster: Cluster, pids: dict[str, dict[int, int]]
+        self, plan: PlanT, cluster: Cluster, pids: dict[str, dict[int, int]]
     ) -> dict[str, str]:
         """{node: {rank: pid}} -> {node: what `trainfleet.node.procs.dump_stacks` printed
         there} (`launch/stacks.py` reads it), while a hung run's ranks still run."""
         ...
 
-    def stop(self, plan: Plan, cluster: Cluster) -> None:
+    def stop(self, plan: PlanT, cluster: Cluster) -> None:
         """After the run, whatever ended it: nothing of it left on any node."""
         ...

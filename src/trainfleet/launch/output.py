@@ -30,7 +30,7 @@ import re
 import time
 import traceback
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Protocol
 
 from trainfleet import heartbeat
 from trainfleet.launch.runfacts import RunFacts, marked_exit_code
@@ -54,11 +54,20 @@ def _shown(text: str) -> str:
     return printable(text if len(text) <= 40 else text[:37] + "...")
 
 
+class TextOut(Protocol):
+    """Where the merged output is shown: a terminal's stream, or what filters it on the way
+    there (commtest's `_Progress`)."""
+
+    def write(self, text: str, /) -> object: ...
+
+    def flush(self) -> None: ...
+
+
 class MergedOutput:
     """Prefixes, prints and logs every line; gives the run's events to `facts`."""
 
     def __init__(
-        self, plan: Plan, run_dir: Path, out: IO[str], started: float, facts: RunFacts
+        self, plan: Plan, run_dir: Path, out: TextOut, started: float, facts: RunFacts
     ) -> None:
         self.plan = plan
         self.out = out

@@ -69,8 +69,12 @@ class Progress:
             for node, r in ranks.items()
             for rank in r
         }
-        self.step_times = {rank: deque(maxlen=STEP_HISTORY) for rank in self.rows}
-        self.busy_times = {rank: deque(maxlen=STEP_HISTORY) for rank in self.rows}
+        self.step_times: dict[int, deque[float]] = {
+            rank: deque(maxlen=STEP_HISTORY) for rank in self.rows
+        }
+        self.busy_times: dict[int, deque[float]] = {
+            rank: deque(maxlen=STEP_HISTORY) for rank in self.rows
+        }
         self.last_advance: float | None = None
         """When any rank last reached a new step (None before the first beat)."""
         self.hang: Hang | None = None

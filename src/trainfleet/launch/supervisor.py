@@ -32,12 +32,11 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO
 
 from trainfleet.catalog import FindingId
 from trainfleet.launch import watchdogs
 from trainfleet.launch.backend import Channel, Plan
-from trainfleet.launch.output import MergedOutput, pump
+from trainfleet.launch.output import MergedOutput, TextOut, pump
 from trainfleet.launch.result import SSH_DROPPED, LaunchResult, RunState, channel_end, exit_code
 from trainfleet.launch.runfacts import RunFacts
 from trainfleet.untrusted import printable
@@ -56,7 +55,7 @@ class _Run:
     """One run of the channels: the processes, the state (RunState), the facts the output gave
     (`self.facts`) and the watchdogs' verdicts; `result()` once it has ended."""
 
-    def __init__(self, plan: Plan, run_dir: Path, out: IO[str]) -> None:
+    def __init__(self, plan: Plan, run_dir: Path, out: TextOut) -> None:
         self.plan = plan
         self.run_dir = run_dir
         self.started = time.monotonic()
@@ -87,7 +86,11 @@ class _Run:
                 cwd=channel.cwd,
                 env=channel.env,
             )
+            # asyncio types the pipes Optional; those used here were asked for just above (a
+            # payload is stdin: has_stdin).
+            assert proc.stdout is not None and proc.stderr is not None
             if channel.payload:
+                assert proc.stdin is not None
                 proc.stdin.write(channel.payload)
                 await proc.stdin.drain()
             self.procs[channel.name] = proc
@@ -215,6 +218,8 @@ class _Run:
     async def dump_stacks(self, dump: Callable[[dict], dict[str, str]]) -> None:
         """Every rank's stack, into the hang record (`watchdogs.dump_stacks`)."""
         progress = self.facts.progress
+        # Called for a HUNG run only: _hung sets the state and the hang together.
+        assert progress.hang is not None
         progress.hang = await watchdogs.dump_stacks(
             progress, progress.hang, run_dir=self.run_dir, dump=dump, note=self.output.note
         )
@@ -294,7 +299,7 @@ async def _supervise(
     plan: Plan,
     channels: list[Channel],
     run_dir: Path,
-    out: IO[str],
+    out: TextOut,
     diagnose: Callable[[], list] | None,
     dump_stacks: Callable[[dict], dict[str, str]] | None = None,
     restarts: list | None = None,
@@ -337,7 +342,7 @@ def supervise(
     channels: list[Channel],
     *,
     run_dir: Path,
-    out: IO[str] | None = None,
+    out: TextOut | None = None,
     diagnose: Callable[[], list] | None = None,
     dump_stacks: Callable[[dict], dict[str, str]] | None = None,
     restarts: list | None = None,

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from trainfleet.catalog import FindingId
 from trainfleet.launch import collectives, stacks
@@ -132,7 +133,8 @@ async def dump_stacks(
         if row.get("pid"):
             pids.setdefault(row["node"], {})[rank] = row["pid"]
     texts = await asyncio.get_running_loop().run_in_executor(None, dump, pids)
-    dumps, records = {}, {}
+    dumps: dict[str, dict[int, str]] = {}
+    records: dict[int, dict[str, Any] | None] = {}
     for node, text in texts.items():
         dumps[node] = {}
         for rank, part in stacks.split_dump(text).items():
@@ -140,13 +142,14 @@ async def dump_stacks(
                 records[rank], dumps[node][rank] = stacks.take_flight_record(part)
         stacks.write_dumps(run_dir, node, dumps[node])
     stacks.write_flight_records(run_dir, progress.rows, records)
-    behind = []
+    behind, said = [], []
     ranks_behind = progress.behind()
     for rank in ranks_behind:
         node = progress.rows[rank]["node"]
-        text = dumps.get(node, {}).get(rank)
-        where = stacks.where_it_waits(text) if text else "no stack (no pid in its heartbeats)"
+        stack = dumps.get(node, {}).get(rank)
+        where = stacks.where_it_waits(stack) if stack else "no stack (no pid in its heartbeats)"
         behind.append(Behind(node=node, rank=rank, where=where))
+        said.append(f"{node} rank {rank}: {printable(where)}")
     lowest = progress.rows[ranks_behind[0]]["step"]
     stuck = collectives.stuck_collectives(records, world_size=len(progress.rows))
     report = StackReport(
@@ -158,8 +161,8 @@ async def dump_stacks(
     )
     # What a rank's stack and Flight Recorder say is the node's text: printable here,
     # kept as it came in status.json (whose JSON escapes control characters).
-    for entry in behind:
-        note(f"behind at step {lowest}: {entry.node} rank {entry.rank}: {printable(entry.where)}")
+    for line in said:
+        note(f"behind at step {lowest}: {line}")
     nodes = {rank: row["node"] for rank, row in progress.rows.items()}
     for found in stuck:
         note(f"stuck in {printable(collectives.describe(found, nodes))}")

@@ -50,6 +50,7 @@ import inspect
 import json
 import os
 import types
+from collections.abc import Callable
 from typing import Any
 
 from trainfleet.errors import NodeAnswerError
@@ -64,14 +65,14 @@ LOADER = (
 `trainfleet.node.isolated`."""
 
 
-def argv(python, program):
+def argv(python: str, program: Callable[..., Any] | types.ModuleType) -> list[str]:
     """The command that runs a node program with `python` (the node's); `program` is the node
     function `line` calls, or its module. Its last word, `trainfleet-NAME` (NAME: the module),
     is what `ps` shows of it (and what tests look for)."""
     return [python, "-u", "-c", LOADER, "trainfleet-" + module_name(program)]
 
 
-def module_name(program):
+def module_name(program: Callable[..., Any] | types.ModuleType) -> str:
     """NAME of node module trainfleet.node.NAME that holds `program` (a function or the module);
     ValueError for anything else: only node modules are shipped."""
     module = program.__name__ if isinstance(program, types.ModuleType) else program.__module__
@@ -81,18 +82,18 @@ def module_name(program):
     return name
 
 
-def source(name):
+def source(name: str) -> str:
     """The text of the node module `name` (a file written on nodes: the shim)."""
     with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), name + ".py")) as f:
         return f.read()
 
 
 @functools.cache
-def needs(name):
+def needs(name: str) -> tuple[str, ...]:
     """`name` and every node module it imports, each after the ones it needs."""
-    order = []
+    order: list[str] = []
 
-    def visit(module, path):
+    def visit(module: str, path: tuple[str, ...]) -> None:
         if module in order:
             return
         if module in path:
@@ -105,15 +106,15 @@ def needs(name):
     return tuple(order)
 
 
-def _imports(name):
-    found = []
+def _imports(name: str) -> list[str]:
+    found: list[str] = []
     for node in ast.walk(ast.parse(source(name))):
         if isinstance(node, ast.ImportFrom) and node.module == PACKAGE:
             found += [alias.name for alias in node.names]
     return found
 
 
-def line(function, *args):
+def line(function: Callable[..., Any], *args: Any) -> bytes:
     """The first stdin line for `argv`: `function`'s node module (and what it imports), then the
     call `function(*args)` (JSON values), whose return value is the exit code."""
     name = module_name(function)
@@ -141,7 +142,9 @@ def read_answers(stdout: str, kind: type, *, node: str) -> list[Any]:
             value = json.loads(text[len(answer.MARK) :])
         except ValueError:
             raise NodeAnswerError(node, kind.__name__, "its answer line is not JSON") from None
-        missing = sorted(kind.__required_keys__ - set(value)) if isinstance(value, dict) else None
+        # A TypedDict class's own attribute: no type says "any TypedDict class" (kind: type).
+        required = kind.__required_keys__  # type: ignore[attr-defined]
+        missing = sorted(required - set(value)) if isinstance(value, dict) else None
         if missing is None or missing:
             problem = "its answer is not an object" if missing is None else "no %s" % missing
             raise NodeAnswerError(node, kind.__name__, problem)
@@ -159,7 +162,7 @@ def read_answer(stdout: str, kind: type, *, node: str) -> Any:
 
 
 @functools.lru_cache(maxsize=None)
-def _modules(name):
+def _modules(name: str) -> bytes:
     """The part of `line` that is the same for every node and call: the modules, installed."""
     parts = [inspect.getsource(_install)]
     parts += ["_install(%r, %r)" % (module, source(module)) for module in needs(name)]
@@ -185,7 +188,7 @@ def _install(name, text):
     filename = "<node>/trainfleet/node/%s.py" % name
     linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
     module = types.ModuleType(full)
-    module.__source__ = text
+    module.__dict__["__source__"] = text  # read back by getattr: system.own_source
     sys.modules[full] = module
     exec(compile(text, filename, "exec"), module.__dict__)
     setattr(sys.modules["trainfleet.node"], name, module)

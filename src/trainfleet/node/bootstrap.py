@@ -57,9 +57,9 @@ def become_subreaper():
         pass  # not Linux: orphans go to init, the session kill still reaches them
 
 
-def descendants(root):
+def descendants(root: int) -> List[int]:
     """Pids below `root`, from /proc (children first found by their parent pid)."""
-    children = {}
+    children: Dict[int, List[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -87,7 +87,7 @@ def signal_all(pids, sig):
             pass
 
 
-def reap(child_pid, status):
+def reap(child_pid: int, status: Dict[str, Optional[int]]) -> None:
     """Collect exited descendants; record the command's own exit status."""
     while True:
         try:
@@ -103,7 +103,7 @@ def reap(child_pid, status):
                 status["rc"] = os.WEXITSTATUS(raw)
 
 
-def stop_everything(child_pid, status, grace):
+def stop_everything(child_pid: int, status: Dict[str, Optional[int]], grace: float) -> None:
     """SIGTERM to every descendant (and the command's session), SIGKILL what is left after
     `grace` seconds; returns when none is left."""
     me = os.getpid()
@@ -125,7 +125,7 @@ def stop_everything(child_pid, status, grace):
         time.sleep(0.05)
 
 
-def main(job: BootstrapJob):
+def main(job: BootstrapJob) -> int:
     stop = threading.Event()
     heard = [time.monotonic()]  # when the launcher last wrote
 
@@ -141,7 +141,7 @@ def main(job: BootstrapJob):
         signal.signal(sig, lambda *_: stop.set())
     become_subreaper()
     workdir = tempfile.mkdtemp(prefix="trainfleet-%s-" % job["run_id"])  # mode 0700
-    status = {"rc": None}
+    status: Dict[str, Optional[int]] = {"rc": None}
     try:
         shim = os.path.join(workdir, "shim.py")
         with open(shim, "w") as f:

@@ -44,11 +44,11 @@ class StepReport(TypedDict):
     report: Dict[str, Any]
 
 
-def _say(step, report):
+def _say(step: str, report: Dict[str, Any]) -> None:
     answer.send(StepReport(step=step, report=report))
 
 
-def run(spec: StackJob):
+def run(spec: StackJob) -> int:
     """-> 0; 3 when the sum is wrong; 4 when torch did not import (the rank does not join)."""
     start = time.time()
     imports = stack_imports.report()

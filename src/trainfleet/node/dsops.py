@@ -144,7 +144,7 @@ class OpBuilt(TypedDict):
     error: str
 
 
-def state(job: OpsJob):
+def state(job: OpsJob) -> int:
     """Sends OpsState; an op installed compiled is 'prebuilt'."""
     os.environ.update(job["env"])
     root = extensions_root()
@@ -169,7 +169,7 @@ def _so_time(directory, name):
         return None
 
 
-def build(job: OpsJob):
+def build(job: OpsJob) -> int:
     """Loads each of job["ops"] through DeepSpeed's builder (building what ninja says is out
     of date); sends one OpBuilt per op as soon as it is done (a build that dies or times out
     later keeps what was built before). Exit code 1 when one failed."""
@@ -180,26 +180,26 @@ def build(job: OpsJob):
     prebuilt = prebuilt_ops()
     failed = False
     for name in job["ops"]:
-        report = {"op": name, "seconds": 0.0, "error": ""}
+        seconds, error = 0.0, ""
         builder = ALL_OPS.get(name)
         if builder is None:
-            report["result"] = "unknown"
+            result = "unknown"
         elif name in prebuilt:
-            report["result"] = "prebuilt"  # installed with the package (DS_BUILD_OPS)
+            result = "prebuilt"  # installed with the package (DS_BUILD_OPS)
         elif not builder.is_compatible(False):
-            report["result"] = "incompatible"
+            result = "incompatible"
         else:
             before = _so_time(os.path.join(root, name), name)
             started = time.monotonic()
             try:
                 builder.load(verbose=False)
             except Exception as exc:  # the compiler's or ninja's words, for the user
-                report["result"] = "failed"
-                report["error"] = str(exc)[-2000:]
+                result = "failed"
+                error = str(exc)[-2000:]
                 failed = True
             else:
                 after = _so_time(os.path.join(root, name), name)
-                report["result"] = "current" if before and before == after else "built"
-            report["seconds"] = round(time.monotonic() - started, 1)
-        answer.send(report)
+                result = "current" if before and before == after else "built"
+            seconds = round(time.monotonic() - started, 1)
+        answer.send(OpBuilt(op=name, seconds=seconds, error=error, result=result))
     return 1 if failed else 0

@@ -71,7 +71,7 @@ class StagedAnswer(TypedDict):
     taken: List[str]
 
 
-def put_private(job: PrivateJob):
+def put_private(job: PrivateJob) -> int:
     """Writes job["files"] into job["dir"], a directory only this user can use;
     with job["remove"], removes it. The name is predictable (/tmp/trainfleet-RUN_ID, the same
     for every node and restart): one that is already there is used only when it is this user's
@@ -98,7 +98,7 @@ def put_private(job: PrivateJob):
     return 0
 
 
-def append_lines(job: AppendJob):
+def append_lines(job: AppendJob) -> None:
     """Appends job["lines"] to job["file"] (`~` expanded; created 0600 in a 0700 directory)
     unless already there; sends AppendAnswer."""
     path = os.path.expanduser(job["file"])
@@ -120,7 +120,7 @@ def append_lines(job: AppendJob):
     answer.send(AppendAnswer(added=len(new)))
 
 
-def edit_hosts(job: HostsJob):
+def edit_hosts(job: HostsJob) -> int:
     """Adds job["add"] to job["file"] (/etc/hosts) where not there yet, and removes every line
     that is exactly one of job["remove"]; every other byte stays. The file is rewritten in
     place, never replaced: /etc/hosts is often a bind mount (containers, `ip netns`), which a
@@ -155,7 +155,7 @@ def is_excluded(rel, patterns):
     return any(fnmatch.fnmatch(part, p) for part in rel.split("/") for p in patterns)
 
 
-def prune(job: PruneJob):
+def prune(job: PruneJob) -> int:
     """Removes files, then empty directories, under job["root"] that are neither in job["keep"]
     nor excluded (`is_excluded` by job["excludes"]); symlinks are removed, never followed.
     Sends PruneAnswer."""
@@ -207,7 +207,7 @@ def _checked_stage(root, stage):
     return stage
 
 
-def take_staged(job: StagedJob):
+def take_staged(job: StagedJob) -> int:
     """Moves the directories job["names"] from job["stage"], where another node's archive was
     unpacked, to job["root"] (each replacing what was there), then removes the stage. Only
     directories and regular files are taken, each without setuid, setgid or sticky bits: a

@@ -111,7 +111,7 @@ class RemoveAnswer(TypedDict):
     """{path: what was done} (`remove_stale_jit_locks`)."""
 
 
-def remove_main(job: RemoveJob):
+def remove_main(job: RemoveJob) -> None:
     """doctor --fix on a node: sends RemoveAnswer."""
     outcome = remove_stale_jit_locks(job["paths"], job["extensions_dir"])
     answer.send(RemoveAnswer(outcome=outcome))

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from typing import Any, Dict, List, Optional, Set
 
 from trainfleet.node import system
 
@@ -57,13 +58,14 @@ LOOKUPS_START_S = 30.0
 from the resolver; lookups that never started are not reported)."""
 
 
-def client_names(addresses, limit):
+def client_names(addresses: List[str], limit: float) -> Dict[str, Dict[str, Any]]:
     """What c10d's store gets when it names the other end of a connection: it listens on both
     stacks and connects in IPv6 form, so an IPv4 peer A is ::ffff:A, and getnameinfo fails with
     EAI_AGAIN (c10d's `err=-3`) when no hosts entry names that form and no DNS server answers.
     Per address: {"name"} or {"error"}, with the seconds it took; all of them bounded by
     `limit` from the moment the child process runs (killed then); none when it did not start."""
-    found, ready = {}, None
+    found: Dict[str, Dict[str, Any]] = {}
+    ready: Optional[float] = None
     if addresses:
         child = subprocess.Popen(
             [sys.executable, "-I", "-c", _LOOKUPS, json.dumps(list(addresses))],
@@ -71,6 +73,8 @@ def client_names(addresses, limit):
             stderr=subprocess.DEVNULL,
             stdin=subprocess.DEVNULL,
         )
+        # Popen types the pipe Optional; stdout=PIPE was asked for just above.
+        assert child.stdout is not None
         start_by, pending = time.time() + LOOKUPS_START_S, b""
         try:
             while len(found) < len(addresses):
@@ -96,7 +100,7 @@ def client_names(addresses, limit):
     return {a: found.get(a) or dict(late) for a in addresses}
 
 
-def _take(found, line, addresses):
+def _take(found: Dict[str, Dict[str, Any]], line: bytes, addresses: List[str]) -> None:
     try:
         address, outcome = json.loads(line.decode())
     except ValueError:
@@ -105,11 +109,11 @@ def _take(found, line, addresses):
         found[address] = outcome
 
 
-def resolver(path="/etc/resolv.conf"):
+def resolver(path: str = "/etc/resolv.conf") -> Dict[str, Any]:
     """What glibc's resolver does with a query no server answers: its nameservers, and the
     seconds it waits per try and how many tries (resolv.conf's `options`, then RES_OPTIONS,
     which overrides them per process; glibc's defaults are 5 s and 2)."""
-    found = {"nameservers": [], "timeout": 5, "attempts": 2}
+    found: Dict[str, Any] = {"nameservers": [], "timeout": 5, "attempts": 2}
     try:
         with open(path) as f:
             text = f.read()
@@ -177,9 +181,9 @@ def route_to(address):
     }
 
 
-def _socket_owners(inodes):
+def _socket_owners(inodes: Set[str]) -> Dict[str, str]:
     """pid owning each socket inode; scans /proc/*/fd, so only for the few inodes asked."""
-    owners = {}
+    owners: Dict[str, str] = {}
     for fd_dir in glob.glob("/proc/[0-9]*/fd"):
         pid = fd_dir.split("/")[2]
         try:

@@ -7,6 +7,7 @@ import socket
 import subprocess
 import threading
 import time
+from typing import Dict, List, Optional
 
 
 class Listeners:
@@ -144,11 +145,14 @@ def ssh_check(argv, timeout):
         )
     except OSError as exc:
         return {"rc": 127, "stderr": str(exc), "seconds": 0.0}
-    lines = []
-    outcome = {"rc": None}
+    lines: List[str] = []
+    outcome: Dict[str, Optional[int]] = {"rc": None}
+    # Popen types the pipe Optional; stderr=PIPE was asked for just above.
+    assert proc.stderr is not None
+    stderr = proc.stderr
 
     def read():
-        for line in proc.stderr:
+        for line in stderr:
             if line.startswith("Authenticated to"):
                 outcome["rc"] = 0
                 proc.kill()

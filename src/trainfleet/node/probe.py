@@ -24,7 +24,7 @@ import socket
 import sys
 import threading
 import time
-from typing import Any, Dict, List, Optional, TypedDict
+from typing import Any, Dict, List, Optional, TypedDict, cast
 
 from trainfleet.node import answer, jitlocks, network, peers, software, system
 
@@ -162,7 +162,7 @@ class Beat:
             say("alive " + self.phase)
 
 
-def wait_for_go(params, beat):
+def wait_for_go(params: ProbeParams, beat: Beat) -> Optional[GoLine]:
     """The launch node's GoLine; None where the probe is not run behind the barrier, NO_GO
     where stdin ended without it."""
     if not params["barrier"]:
@@ -173,16 +173,18 @@ def wait_for_go(params, beat):
         go = json.loads(line)
     except ValueError:
         return NO_GO
-    return go if isinstance(go, dict) else NO_GO
+    if not isinstance(go, dict):
+        return NO_GO
+    return cast(GoLine, go)  # the launch node's own line (collect.go_lines), read as sent
 
 
-def tested(params, go):
+def tested(params: ProbeParams, go: Optional[GoLine]) -> ProbeParams:
     """The parameters of the active tests: those of `params`, but for the peers that did not
     start (behind the barrier)."""
     if go is None:
         return params
     names = set(go["peers"])
-    params = dict(params)
+    params = params.copy()
     params["peers"] = [p for p in params["peers"] if p["node"] in names]
     params["inbound"] = go["inbound"]
     params["bandwidth_from"] = go["bandwidth_from"]
@@ -192,7 +194,7 @@ def tested(params, go):
     return params
 
 
-def main(params: ProbeParams):
+def main(params: ProbeParams) -> None:
     """Gathers the facts, runs the peer tests, sends the FactSheet (`answer.send`)."""
     if params["barrier"]:
         say("started")
@@ -200,7 +202,7 @@ def main(params: ProbeParams):
     started = time.time()
     workdir = params["workdir"]
     me = params["node"]
-    active = {}
+    active: Dict[str, Any] = {}
     listeners = peers.Listeners(params["listen_ports"])
     active["listen_since"] = time.time()
     token_dir = os.path.join(workdir, ".trainfleet-doctor-%s" % params["run_id"])
@@ -217,7 +219,7 @@ def main(params: ProbeParams):
     hostname = socket.gethostname()
     dists = software.dist_infos()
     versions = software.package_versions(dists)
-    facts = {  # FactSheet
+    facts: FactSheet = {
         "probe_version": PROBE_VERSION,
         "node": me,
         "pid": os.getpid(),
@@ -253,6 +255,8 @@ def main(params: ProbeParams):
         "code": None
         if params["quick"] or not os.path.isdir(workdir)
         else system.code_hash(workdir),
+        "active": active,  # filled in below: the peer tests come after the barrier
+        "seconds": 0.0,  # set when sent
     }
     waiting = time.time()
     go = wait_for_go(params, beat)
@@ -265,18 +269,14 @@ def main(params: ProbeParams):
     for thread in threads:
         thread.join()
     target = params["bandwidth_to"]
-    reachable = (
-        active.get("tcp", {})
-        .get((target or {}).get("node"), {})
-        .get(str((target or {}).get("port")))
-        == "open"
-    )
-    if target and not reachable:
-        active["bandwidth_send"] = "skipped: the port is not reachable"
-    elif target:
-        active["bandwidth_send"] = peers.send_stream(
-            target["address"], target["port"], params["bandwidth_seconds"]
-        )
+    if target:
+        tested_ports = active.get("tcp", {}).get(target["node"], {})
+        if tested_ports.get(str(target["port"])) != "open":
+            active["bandwidth_send"] = "skipped: the port is not reachable"
+        else:
+            active["bandwidth_send"] = peers.send_stream(
+                target["address"], target["port"], params["bandwidth_seconds"]
+            )
     others = [p for p in params["peers"] if p["node"] != me]
     listeners.close_when(
         params["inbound"] + (1 if params["bandwidth_from"] else 0),
@@ -294,6 +294,5 @@ def main(params: ProbeParams):
     if share_token:
         seen = set(os.listdir(token_dir)) if os.path.isdir(token_dir) else set()
         active["shared"] = {p["node"]: p["node"] in seen for p in others}
-    facts["active"] = active
     facts["seconds"] = round(time.time() - started, 3)
     answer.send(facts)

@@ -74,13 +74,13 @@ def _driver():
     return lines[0] if done.returncode == 0 and lines else None
 
 
-def inspect(job: InspectJob):
+def inspect(job: InspectJob) -> int:
     """Sends `facts`."""
     answer.send(facts(job))
     return 0
 
 
-def facts(job: InspectJob):
+def facts(job: InspectJob) -> EnvFacts:
     """This python (version, implementation, whether it is the target's), the packages it sees
     when it is, glibc, machine, NVIDIA driver, free disk where the target is (or would be)."""
     target = os.path.abspath(job["target"])
@@ -107,7 +107,7 @@ def facts(job: InspectJob):
     )
 
 
-def install(job: InstallJob):
+def install(job: InstallJob) -> int:
     """Makes job["target"] a venv if it is not one (with this python), then installs
     job["wheels"] (file names in job["dir"]) with the pip wheel job["pip"]. -> pip's exit code;
     its output goes to stderr."""

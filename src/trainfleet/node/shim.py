@@ -46,6 +46,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any, Dict, List
 
 MARK = "@@trainfleet"
 
@@ -69,7 +70,7 @@ def mark(event):
     sys.stderr.flush()
 
 
-SCRIPT = {}
+SCRIPT: Dict[str, Any] = {}
 """`module`: the script's namespace, as init_process_group saw it; `succeeded`: it ended 0."""
 
 
@@ -88,7 +89,8 @@ def wrap_init(dist):
         SCRIPT["module"] = sys.modules.get("__main__")
         return result
 
-    init_process_group._trainfleet = True
+    # A mark on the function object, read back by getattr: wraps' type declares none.
+    init_process_group._trainfleet = True  # type: ignore[attr-defined]
     dist.init_process_group = init_process_group
 
 
@@ -125,7 +127,8 @@ def wrap_baton(file_baton):
         finally:
             done.set()
 
-    wait._trainfleet = True
+    # A mark on the function object, read back by getattr: wraps' type declares none.
+    wait._trainfleet = True  # type: ignore[attr-defined]
     file_baton.FileBaton.wait = wait
 
 
@@ -138,7 +141,8 @@ FLIGHT_RECORD_KEEP = 8
 def flight_record(c10d, rank):
     """A summary of this rank's Flight Recorder records (torch's JSON dump: gloo's, and NCCL's
     where torch has it), small enough to gather from every rank of a large job."""
-    entries, status = [], {}
+    entries: List[Dict[str, Any]] = []
+    status: Dict[str, Any] = {}
     for name in ("_dump_fr_trace_json", "_dump_nccl_trace_json"):
         dump = getattr(c10d, name, None)
         if dump is None:
@@ -149,7 +153,8 @@ def flight_record(c10d, rank):
             continue
         status.update(data.get("pg_status") or {})
         entries += data.get("entries") or []
-    kept, per_group = [], {}
+    kept: List[Dict[str, Any]] = []
+    per_group: Dict[Any, int] = {}  # pg_id: as torch's dump has it
     for entry in reversed(entries):
         group = entry.get("pg_id")
         per_group[group] = per_group.get(group, 0) + 1
@@ -226,7 +231,8 @@ def wrap_trainer(trainer_module):
     than --hang-timeout is no hang while it advances). A trainer that beats itself
     (`trainfleet train`'s) sets `trainfleet_beats = True` on its class and gets none."""
     trainer = getattr(trainer_module, "Trainer", None)
-    base = getattr(sys.modules.get("transformers.trainer_callback"), "TrainerCallback", None)
+    # transformers' TrainerCallback where it is imported: a class the checker cannot see here.
+    base: Any = getattr(sys.modules.get("transformers.trainer_callback"), "TrainerCallback", None)
     if trainer is None or base is None or getattr(trainer.__init__, "_trainfleet", False):
         return
     original = trainer.__init__
@@ -261,7 +267,8 @@ def wrap_trainer(trainer_module):
             except Exception as exc:  # the training is the user's: it goes on without beats
                 sys.stderr.write("trainfleet shim: no heartbeats from this Trainer: %s\n" % exc)
 
-    __init__._trainfleet = True
+    # A mark on the function object, read back by getattr: wraps' type declares none.
+    __init__._trainfleet = True  # type: ignore[attr-defined]
     trainer.__init__ = __init__
     save = getattr(trainer, "_save_checkpoint", None)
     if save is None:
@@ -340,7 +347,8 @@ class _AfterImport(importlib.abc.MetaPathFinder):
             exec_module(module)
             hook(module)
 
-        spec.loader.exec_module = exec_and_wrap
+        # This one loader's method, replaced on purpose: the module runs, then the hook.
+        spec.loader.exec_module = exec_and_wrap  # type: ignore[method-assign]
         return spec
 
 
@@ -352,6 +360,8 @@ def wants_local_rank(target, is_module):
             path = spec.origin if spec else None
         else:
             path = target
+        if path is None:
+            return False  # no such module, or one without a source file
         with open(path, encoding="utf-8", errors="replace") as f:
             text = f.read()
     except (OSError, TypeError, ImportError, ValueError):

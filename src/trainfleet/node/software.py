@@ -4,13 +4,14 @@ the stack reports comes from doctor's stack phase, `collective`, which imports i
 
 import os
 import sys
+from typing import Dict, Tuple
 
 PACKAGES = ("torch", "deepspeed", "transformers", "accelerate", "datasets", "peft")
 
 
-def dist_infos():
+def dist_infos() -> Dict[str, Tuple[str, str]]:
     """{normalized name: (version, path)} from the *.dist-info dirs on sys.path (no imports)."""
-    found = {}
+    found: Dict[str, Tuple[str, str]] = {}
     for entry in sys.path:
         try:
             names = os.listdir(entry or ".")

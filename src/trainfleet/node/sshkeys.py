@@ -27,7 +27,7 @@ except `remove`, which `ssh-keygen -R` makes (it keeps FILE.old).
 import os
 import socket
 import subprocess
-from typing import Dict, List, Optional, TypedDict
+from typing import Any, Callable, Dict, List, Optional, Tuple, TypedDict, cast
 
 from trainfleet.node import answer
 
@@ -73,7 +73,7 @@ class TrustAnswer(TypedDict):
     authorized_added: int
 
 
-def job(**asked):
+def job(**asked: Any) -> TrustJob:
     """A TrustJob that asks for `asked` and nothing else: the launch side's one builder.
 
     >>> job(lookup=["gpu-node-1"])["make_key"], job(lookup=["gpu-node-1"])["lookup"]
@@ -84,13 +84,15 @@ def job(**asked):
     unknown = set(asked) - set(nothing)
     if unknown:
         raise TypeError("not a trust job field: %s" % ", ".join(sorted(unknown)))
-    nothing.update(asked)
-    return nothing
+    # Every key asked is a TrustJob field (checked just above); the values are the caller's.
+    return cast(TrustJob, {**nothing, **asked})
 
 
-def parse_ssh_g(text):
-    """The settings of `ssh -G` that setup needs."""
-    out = {"identityfile": [], "userknownhostsfile": []}
+def parse_ssh_g(text: str) -> Dict[str, Any]:
+    """The settings of `ssh -G` that setup needs: identityfile and userknownhostsfile as lists
+    (always there), hostname, port, user, hostkeyalias, proxyjump, proxycommand as str (when
+    ssh printed them)."""
+    out: Dict[str, Any] = {"identityfile": [], "userknownhostsfile": []}
     for line in text.splitlines():
         key, _, value = line.partition(" ")
         if key == "identityfile":
@@ -102,7 +104,9 @@ def parse_ssh_g(text):
     return out
 
 
-def pick_identity(explicit, identityfiles, exists):
+def pick_identity(
+    explicit: Optional[str], identityfiles: List[str], exists: Callable[[str], bool]
+) -> Tuple[str, bool]:
     """(private key path, True when it has to be created)."""
     if explicit:
         path = os.path.expanduser(explicit)
@@ -119,7 +123,7 @@ def pick_identity(explicit, identityfiles, exists):
     return os.path.expanduser(NEW_KEY), True
 
 
-def key_of(line):
+def key_of(line: str) -> Optional[str]:
     """'type base64' of a known_hosts or authorized_keys line (None for comments, markers)."""
     parts = line.split()
     for i in range(len(parts) - 1):
@@ -128,17 +132,17 @@ def key_of(line):
     return None
 
 
-def _run(argv, stdin=None):
+def _run(argv: List[str], stdin: Optional[str] = None) -> Tuple[int, str, str]:
     proc = subprocess.run(argv, input=stdin, capture_output=True, text=True, check=False)
     return proc.returncode, proc.stdout, proc.stderr
 
 
-def known_keys(path, name):
+def known_keys(path: str, name: str) -> List[str]:
     """Keys `path` holds for `name` (hashed entries included), as 'type base64'."""
     if not os.path.exists(path):
         return []
     _, out, _ = _run(["ssh-keygen", "-F", name, "-f", path])
-    keys = []
+    keys: List[str] = []
     for line in out.splitlines():
         if line.startswith(("#", "@")) or not line.strip():
             continue
@@ -148,16 +152,16 @@ def known_keys(path, name):
     return keys
 
 
-def append_missing(path, lines, dry_run, by_key=False):
+def append_missing(path: str, lines: List[str], dry_run: bool, by_key: bool = False) -> int:
     """Append the lines not in `path` yet (by_key: compare keys only, as authorized_keys lines
     may carry options or another comment); the count appended."""
     old = open(path).read() if os.path.exists(path) else ""
 
-    def ident(line):
+    def ident(line: str) -> str:
         return (key_of(line) or line) if by_key else line
 
     have = {ident(line) for line in old.splitlines()}
-    new = []
+    new: List[str] = []
     for line in lines:
         if ident(line) not in have:
             have.add(ident(line))
@@ -171,7 +175,7 @@ def append_missing(path, lines, dry_run, by_key=False):
     return len(new)
 
 
-def public_key(private):
+def public_key(private: str) -> Optional[str]:
     pub = private + ".pub"
     if os.path.exists(pub):
         return key_of(open(pub).read())
@@ -179,7 +183,7 @@ def public_key(private):
     return key_of(out) if code == 0 else None
 
 
-def make_key(private):
+def make_key(private: str) -> None:
     os.makedirs(os.path.dirname(private), mode=0o700, exist_ok=True)
     comment = f"{os.environ.get('USER', '')}@{socket.gethostname()} (trainfleet setup ssh)"
     code, _, err = _run(
@@ -189,10 +193,10 @@ def make_key(private):
         raise RuntimeError("ssh-keygen failed: " + err.strip())
 
 
-def main(job: TrustJob):
-    """-> TrustAnswer."""
+def main(job: TrustJob) -> TrustAnswer:
+    """`job` done on this machine (with dry_run: only reported), as its TrustAnswer."""
     dry_run = job["dry_run"]
-    settings = {"identityfile": [], "userknownhostsfile": []}
+    settings: Dict[str, Any] = {"identityfile": [], "userknownhostsfile": []}
     if job["ssh_g"]:
         code, out, _ = _run(job["ssh_g"])
         if code == 0:
@@ -200,34 +204,38 @@ def main(job: TrustJob):
     known_files = settings["userknownhostsfile"] or ["~/.ssh/known_hosts"]
     known_hosts = os.path.expanduser(job["known_hosts"] or known_files[0])
     identity, missing = pick_identity(job["identity"], settings["identityfile"], os.path.exists)
-    result = {
-        "hostname": socket.gethostname(),
-        "uid": os.getuid(),
-        "identity": identity,
-        "key_created": False,
-        "known_hosts": known_hosts,
-        "authorized_keys": os.path.expanduser("~/.ssh/authorized_keys"),
-    }
+    hostname, uid = socket.gethostname(), os.getuid()
+    authorized_keys = os.path.expanduser("~/.ssh/authorized_keys")
+    key_created = False
     if missing and job["make_key"] and not dry_run:
         make_key(identity)
-        missing, result["key_created"] = False, True
-    result["pubkey"] = None if missing else public_key(identity)
-    result["key_missing"] = missing
-    result["known"] = {name: known_keys(known_hosts, name) for name in job["lookup"]}
+        missing, key_created = False, True
+    pubkey = None if missing else public_key(identity)
+    known = {name: known_keys(known_hosts, name) for name in job["lookup"]}  # before `remove`
     removed = []
     for name in job["remove"]:
         if known_keys(known_hosts, name):
             removed.append(name)
             if not dry_run:
                 _run(["ssh-keygen", "-R", name, "-f", known_hosts])
-    result["removed"] = removed
-    result["known_added"] = append_missing(known_hosts, job["add_known"], dry_run)
-    result["authorized_added"] = append_missing(
-        result["authorized_keys"], job["authorize"], dry_run, by_key=True
+    known_added = append_missing(known_hosts, job["add_known"], dry_run)
+    authorized_added = append_missing(authorized_keys, job["authorize"], dry_run, by_key=True)
+    return TrustAnswer(
+        hostname=hostname,
+        uid=uid,
+        identity=identity,
+        key_created=key_created,
+        known_hosts=known_hosts,
+        authorized_keys=authorized_keys,
+        pubkey=pubkey,
+        key_missing=missing,
+        known=known,
+        removed=removed,
+        known_added=known_added,
+        authorized_added=authorized_added,
     )
-    return result
 
 
-def run(job: TrustJob):
+def run(job: TrustJob) -> None:
     """The node's entry: main's TrustAnswer, sent."""
     answer.send(main(job))

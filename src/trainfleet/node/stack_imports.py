@@ -3,10 +3,12 @@ process that then joins the all_reduce, so a node imports torch once. The other 
 versions come from their metadata (`software.package_versions`): no import needed.
 """
 
+from typing import Any, Dict
 
-def report():
+
+def report() -> Dict[str, Any]:
     """{torch, torch_cuda, nccl, torch_distributed, gloo} or {torch_error}."""
-    out = {}
+    out: Dict[str, Any] = {}
     try:
         import torch
 

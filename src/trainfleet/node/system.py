@@ -10,6 +10,7 @@ import hashlib
 import os
 import resource
 import subprocess
+from typing import Dict, Optional
 
 
 def run(argv, timeout=5.0, env=None):
@@ -98,8 +99,9 @@ def gpus():
     return {"devices": devices, "processes": apps}
 
 
-def infiniband():
-    devices = {}
+def infiniband() -> Dict[str, Dict[str, Dict[str, Optional[str]]]]:
+    """{device: {port: {state, link_layer, rate}}} (None: a file that could not be read)."""
+    devices: Dict[str, Dict[str, Dict[str, Optional[str]]]] = {}
     for port_dir in glob.glob("/sys/class/infiniband/*/ports/*"):
         parts = port_dir.split("/")
         devices.setdefault(parts[4], {})[parts[6]] = {

@@ -6,10 +6,12 @@ family and link speed: `transport.py`).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from trainfleet.catalog import FindingId
 from trainfleet.doctor import netsel
 from trainfleet.doctor.collect import Survey
-from trainfleet.doctor.facts import Active, ClientName, Listener, NodeFacts, Resolution
+from trainfleet.doctor.facts import Active, ClientName, Interface, Listener, NodeFacts, Resolution
 from trainfleet.doctor.findings import Finding, Severity
 
 LOOPBACK_PREFIXES = ("127.", "::1")
@@ -337,7 +339,7 @@ def check_interfaces(survey: Survey) -> list[Finding]:
     return findings + ([counts] if counts else [])
 
 
-def _usable_names(ifaces) -> str:
+def _usable_names(ifaces: Iterable[Interface]) -> str:
     """The node's usable interfaces but lo, for the evidence."""
     return ", ".join(i.name for i in ifaces if netsel.usable(i) and i.name != "lo")
 

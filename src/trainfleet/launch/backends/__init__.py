@@ -16,16 +16,20 @@ from outside (a test's).
 
 from __future__ import annotations
 
+from typing import Any
+
 from trainfleet.errors import TrainfleetError
 from trainfleet.launch.backend import LaunchBackend, Plan
 from trainfleet.launch.backends import deepspeed, ssh
 from trainfleet.launch.options import DEFAULT_BACKEND
 
-BACKENDS: dict[str, LaunchBackend] = {}
-"""Every launch backend by its `--backend` name, in the order `--help` lists them."""
+BACKENDS: dict[str, LaunchBackend[Any]] = {}
+"""Every launch backend by its `--backend` name, in the order `--help` lists them. Each takes
+its own plans (LaunchBackend[ITS_PLAN]); which one a plan goes to is its options.backend, known
+when it runs: Any."""
 
 
-def register(backend: LaunchBackend) -> LaunchBackend:
+def register(backend: LaunchBackend[Any]) -> LaunchBackend[Any]:
     """Adds `backend` under its name; a name taken is a bug, not a choice."""
     if backend.name in BACKENDS:
         raise ValueError(f"a launch backend named {backend.name!r} is registered already")
@@ -37,7 +41,7 @@ register(ssh.BACKEND)
 register(deepspeed.BACKEND)
 
 
-def backend_for(plan_or_name: Plan | str) -> LaunchBackend:
+def backend_for(plan_or_name: Plan | str) -> LaunchBackend[Any]:
     name = plan_or_name if isinstance(plan_or_name, str) else plan_or_name.options.backend
     if name not in BACKENDS:
         raise TrainfleetError(f"no launch backend {name!r}", f"use one of {', '.join(BACKENDS)}")

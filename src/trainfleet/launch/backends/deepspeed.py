@@ -47,7 +47,7 @@ from trainfleet.doctor import DoctorReport
 from trainfleet.errors import TrainfleetError
 from trainfleet.files import write_private
 from trainfleet.launch import environment
-from trainfleet.launch.backend import Channel, ChannelLine, StopBy, head_line
+from trainfleet.launch.backend import Channel, ChannelLine, LaunchBackend, StopBy, head_line
 from trainfleet.launch.backends import over_ssh
 from trainfleet.launch.environment import RUNNER_EXPORTS, env_lines, node_env
 from trainfleet.launch.masking import holds_secret, masked, masked_argv
@@ -403,4 +403,4 @@ class DeepSpeedBackend:
         run_on_nodes(cluster.nodes, files, stdin=remove_job(plan), timeout=30)
 
 
-BACKEND = DeepSpeedBackend()
+BACKEND: LaunchBackend[DeepSpeedPlan] = DeepSpeedBackend()

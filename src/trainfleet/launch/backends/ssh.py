@@ -22,7 +22,7 @@ job on that node (`StopBy.CLOSING_STDIN`). Nothing is left on a node to clean up
 from __future__ import annotations
 
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,7 +30,7 @@ from trainfleet import node as node_programs
 from trainfleet.cluster import Cluster
 from trainfleet.doctor import DoctorReport
 from trainfleet.launch import environment
-from trainfleet.launch.backend import Channel, StopBy, head_line
+from trainfleet.launch.backend import Channel, LaunchBackend, StopBy, head_line
 from trainfleet.launch.backends import over_ssh
 from trainfleet.launch.masking import masked, masked_argv
 from trainfleet.launch.options import LaunchFacts, LaunchOptions, master_port
@@ -81,7 +81,7 @@ def torchrun_argv(
     slots: int,
     addr: str,
     port: int,
-    command,
+    command: Sequence[str],
     python_version: tuple[int, int] | None = None,
 ) -> list[str]:
     """`python -u -m torch.distributed.run ...`, the agent importing nothing from the working
@@ -244,4 +244,4 @@ class SshBackend:
         """Nothing: each bootstrap ends its node's job when its stdin closes."""
 
 
-BACKEND = SshBackend()
+BACKEND: LaunchBackend[LaunchPlan] = SshBackend()
