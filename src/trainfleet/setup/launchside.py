@@ -37,10 +37,11 @@ def question(new: list[str], changed: list[str]) -> str:
     return "\n".join(lines)
 
 
-def _keys(views: dict[str, dict], result: SetupResult) -> dict[str, str]:
-    """This machine's public key for each node in `views`; created where missing."""
+def _keys(views: dict[str, sshkeys.TrustAnswer], result: SetupResult) -> dict[str, str | None]:
+    """This machine's public key for each node in `views`; created where missing (None: a dry
+    run, which creates nothing)."""
     made: dict[str, str | None] = {}
-    pubkeys = {}
+    pubkeys: dict[str, str | None] = {}
     for host, view in views.items():
         path = view["identity"]
         if not view["key_missing"]:
@@ -63,8 +64,9 @@ def this_machine(
     result: SetupResult,
     confirm: Confirm,
     trusted_file: str | None,
-) -> dict[str, str]:
-    """Make this machine's key and known_hosts right; returns its public key per node."""
+) -> dict[str, str | None]:
+    """Make this machine's key and known_hosts right; returns its public key per node (None:
+    a dry run would create it)."""
     remote = [node for node in cluster.nodes if not node.is_local]  # localhost: no ssh, no key
     views = {}
     for node in remote:

@@ -66,7 +66,7 @@ def auth_pairs(facts: Mapping[str, NodeFacts], hosts: Collection[str]) -> list[t
 def _log_in(
     cluster: Cluster,
     targets: dict[str, hostkeys.Target],
-    pubkeys: dict[str, str],
+    pubkeys: dict[str, str | None],
     result: SetupResult,
     password: Password,
 ) -> dict[str, str] | None:
