@@ -31,8 +31,10 @@ HELP = (
     "/etc/hosts names c10d looks up: each checked by doctor"
 )
 DESCRIPTION = """\
-What the seeds do by hand, as commands that show what they change, change only what is
-missing (a second run says "nothing changed") and end with the matching doctor checks.
+What is otherwise done by hand on every node (ssh-copy-id for every pair of nodes, a
+hostfile, NCCL_SOCKET_IFNAME per node, pip installs, firewall rules), as commands that show
+what they change, change only what is missing (a second run says "nothing changed") and end
+with the matching doctor checks.
 With no step, every step in this order (firewall with --apply; sync only with --code DIR or
 cluster.yaml's workdir:), stopping at the first that fails, then the full doctor. All their
 changes are shown first in one list with one question (new host keys keep theirs, with
