@@ -157,8 +157,8 @@ def say(*parts) -> None:
     print(*parts, flush=True)
 
 
-TODAYS_GPUS = "from trainfleet.node import system; system.gpus()"
-"""What the probe runs today (two nvidia-smi calls), for the cost beside the health query."""
+PROBE_GPUS = "from trainfleet.node import gpus; gpus.facts()"
+"""What the probe runs per node: five nvidia-smi calls and the kernel log, in a new Python."""
 
 
 def part_smi(summary: Summary) -> None:
@@ -216,7 +216,7 @@ def part_smi(summary: Summary) -> None:
         ("remapped rows", [smi, REMAPPED, "--format=csv,noheader,nounits"]),
         ("nvlink status", [smi, "nvlink", "--status"]),
         ("compute apps", [smi, "--query-compute-apps=pid,used_memory", "--format=csv"]),
-        ("today's gpus()", [sys.executable, "-c", TODAYS_GPUS]),
+        ("probe's gpus", [sys.executable, "-c", PROBE_GPUS]),
     ):
         times = [run(argv, timeout=30)["seconds"] for _ in range(10)]
         costs[name] = {"median_s": statistics.median(times), "max_s": max(times)}

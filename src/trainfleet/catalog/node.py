@@ -113,11 +113,98 @@ ENTRIES: dict[FindingId, Entry] = {
     ),
     FindingId.GPU_UNHEALTHY: Entry(
         area=_RES,
-        title="a GPU with ECC errors, pending row remaps, XIDs or throttled clocks",
-        seen="one node slows or crashes the job",
-        detect="`nvidia-smi -q` ECC, remapped rows and clock event reasons; XIDs in the kernel log",
-        fix="drain the node and have the GPU checked",
+        title="a GPU fails NVIDIA's own diagnostic (DCGM)",
+        seen="one node slows or crashes the job; the other checks see nothing",
+        detect="`doctor --gpu-diag` runs `dcgmi diag -r 1` (`-r 2` with `--gpu-diag 2`) on each "
+        "node and reports each failed test with its GPU",
+        fix="exclude the GPU or drain the node and have it checked",
         planned=True,
+    ),
+    FindingId.NVIDIA_SMI_FAILED: Entry(
+        area=_RES,
+        title="nvidia-smi is installed on a node but fails",
+        seen="`NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver`; "
+        "CUDA sees no device, or ranks fail with `CUDA driver initialization failed`",
+        detect="nvidia-smi's exit code and message on each node",
+        fix="load the driver (reboot after a driver upgrade, or reinstall the driver matching "
+        "the kernel)",
+    ),
+    FindingId.GPU_ECC_UNCORRECTED: Entry(
+        area=_RES,
+        title="a GPU has uncorrected ECC memory errors since the driver loaded",
+        seen="`CUDA error: uncorrectable ECC error encountered`, NaNs, a crash hours in",
+        detect="`nvidia-smi --query-gpu` ecc.errors.uncorrected.volatile.total per GPU",
+        fix="exclude the GPU (`-e NODE:GPU`); reset it or drain the node for service",
+    ),
+    FindingId.GPU_REMAP_PENDING: Entry(
+        area=_RES,
+        title="a GPU has row remapping pending or failed (retired pages pending before Ampere)",
+        seen="ECC errors come back after they were 'fixed'; Xid 63/64",
+        detect="`nvidia-smi --query-remapped-rows` pending and failure; retired_pages.pending",
+        fix="pending: reset the GPU (`nvidia-smi -r -i GPU`) or reboot the node; failed: the GPU "
+        "needs replacing, exclude it (`-e NODE:GPU`)",
+    ),
+    FindingId.GPU_XID: Entry(
+        area=_RES,
+        title="the kernel log has NVIDIA Xid errors since boot",
+        seen="`GPU has fallen off the bus` (Xid 79), ranks stuck or killed, NCCL timeouts",
+        detect="`NVRM: Xid` lines in `dmesg` (or `journalctl -k`) on each node, read as the "
+        "node allows; 'not readable' where it does not",
+        fix="fatal Xids (48, 63, 64, 74, 79, 92, 94, 95, 119, 120): exclude the GPU and have "
+        "the node checked; others: look up the Xid in NVIDIA's Xid catalog",
+    ),
+    FindingId.GPU_MIG_ENABLED: Entry(
+        area=_RES,
+        title="a GPU is in MIG mode",
+        seen="CUDA sees MIG instances, not the GPU; NCCL fails or each rank gets a slice",
+        detect="mig.mode.current per GPU",
+        fix="disable MIG (`nvidia-smi -i GPU -mig 0`, then reset the GPU) or exclude it",
+    ),
+    FindingId.CUDA_DRIVER_TOO_OLD: Entry(
+        area=_RES,
+        title="a node's driver supports an older CUDA than its torch was built for",
+        seen="`The NVIDIA driver on your system is too old`, `torch.cuda.is_available()` False",
+        detect="the CUDA version the driver supports (`nvidia-smi -q`) against "
+        "`torch.version.cuda` on each node",
+        fix="upgrade the driver, or install the torch build for the driver's CUDA "
+        "(`pip install torch --index-url https://download.pytorch.org/whl/cuXYZ`)",
+    ),
+    FindingId.GPU_DRIVER_DIFFERS: Entry(
+        area=_RES,
+        title="nodes run different NVIDIA drivers",
+        seen="NCCL or CUDA behaves differently on one node; hangs that follow one node",
+        detect="driver_version on every node",
+        fix="install the same driver on every node",
+    ),
+    FindingId.NVLINK_DOWN: Entry(
+        area=_RES,
+        title="an NVLink of a GPU is down while the node's other links are up",
+        seen="one node's all-reduce is several times slower; NCCL falls back to PCIe",
+        detect="`nvidia-smi nvlink --status`: a link without a speed where the node has others",
+        fix="reset the GPU or reboot the node; if it stays down, have the node serviced",
+    ),
+    FindingId.GPU_PCIE_DEGRADED: Entry(
+        area=_RES,
+        title="a GPU's PCIe link runs narrower than it can (x8 of x16)",
+        seen="slow host transfers, offload and data loading on one node",
+        detect="pcie.link.width.current against pcie.link.width.max (the generation drops at "
+        "idle by design and is not judged)",
+        fix="reseat the GPU or its riser; check the slot in the BIOS",
+    ),
+    FindingId.GPU_THROTTLED: Entry(
+        area=_RES,
+        title="a GPU's clocks are held down by hardware slowdown, heat or power brake",
+        seen="one rank is the straggler on every step",
+        detect="clocks_event_reasons hw_slowdown, hw_thermal_slowdown, "
+        "hw_power_brake_slowdown, sw_thermal_slowdown (idle is not a fault)",
+        fix="check the node's cooling and power supply; exclude the GPU until it is fixed",
+    ),
+    FindingId.GPU_PERSISTENCE_OFF: Entry(
+        area=_RES,
+        title="persistence mode is off on a node's GPUs",
+        seen="every start pays seconds of driver load; GPU state can reset between jobs",
+        detect="persistence_mode per GPU",
+        fix="`sudo nvidia-smi -pm 1` on the node (or enable nvidia-persistenced)",
     ),
     FindingId.SHM_SMALL: Entry(
         area=_RES,

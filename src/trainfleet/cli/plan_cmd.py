@@ -94,21 +94,41 @@ def _busbw(args: argparse.Namespace, nodes: int) -> tuple[float, str]:
     return DEFAULT_BUSBW[nodes == 1] * 1e9, "default; measure it with `trainfleet commtest`"
 
 
+def _gpu_here(here, defaults: list[str], args: argparse.Namespace):
+    """The GPU to plan for when --gpu is not given: this machine's where it has one (its
+    memory as nvidia-smi reports it, its peak from the table when the name is there), else
+    an H100."""
+    from trainfleet.plan.hardware import GPUS, Gpu, known_gpu
+
+    if here is None:
+        if not (args.gpu_memory and args.gpu_tflops):
+            defaults.append("--gpu H100")
+        return GPUS["H100"]
+    known = known_gpu(here.product)
+    peak = known.peak_flops if known else GPUS["H100"].peak_flops
+    if not (args.gpu_memory and args.gpu_tflops):
+        memory = f"{here.memory_bytes / 2**30:.1f}GiB"
+        note = f"--gpu-memory {memory}" + ("" if known else " --gpu-tflops 989 (an H100's)")
+        defaults.append(f"{note} (this machine's {here.product})")
+    return Gpu(name=here.product, memory_bytes=here.memory_bytes, peak_flops=peak)
+
+
 def run(args: argparse.Namespace) -> int:
     from trainfleet.cli.common import cluster_from_args
     from trainfleet.errors import TrainfleetError
     from trainfleet.plan import TrainSetup, make_plan
     from trainfleet.plan.ds_config import deepspeed_config
-    from trainfleet.plan.hardware import gpu_by_name
+    from trainfleet.plan.hardware import gpu_by_name, this_machine
     from trainfleet.plan.model import ModelShape, weights_on_disk
     from trainfleet.plan.report import render, to_json
     from trainfleet.plan.search import Target
     from trainfleet.plan.speed import Links
     from trainfleet.units import parse_size
 
-    defaults = []
+    defaults: list[str] = []
     nodes, gpus_per_node = args.nodes, args.gpus_per_node
-    if args.hostfile or args.cluster_file or args.hosts:
+    clustered = bool(args.hostfile or args.cluster_file or args.hosts)
+    if clustered:
         cluster = cluster_from_args(args)
         slots = {node.slots for node in cluster.nodes}
         if len(slots) > 1 and not gpus_per_node:
@@ -118,15 +138,14 @@ def run(args: argparse.Namespace) -> int:
             )
         nodes = len(cluster.nodes) if nodes is None else nodes
         gpus_per_node = slots.pop() if gpus_per_node is None else gpus_per_node
+    here = None if clustered or (nodes and gpus_per_node and args.gpu) else this_machine()
     if nodes is None:
         nodes = 1
         defaults.append("--nodes 1")
     if gpus_per_node is None:
-        gpus_per_node = 8
-        defaults.append("--gpus-per-node 8")
-    if not (args.gpu or (args.gpu_memory and args.gpu_tflops)):
-        defaults.append("--gpu H100")
-    gpu = gpu_by_name(args.gpu or "H100")
+        gpus_per_node = here.count if here else 8
+        defaults.append(f"--gpus-per-node {gpus_per_node}" + (" (this machine)" if here else ""))
+    gpu = gpu_by_name(args.gpu) if args.gpu else _gpu_here(here, defaults, args)
     busbw, busbw_source = _busbw(args, nodes)
     target = Target(
         nodes=nodes,

@@ -30,7 +30,8 @@ stderr, the bootstrap's and porthold's streams) are not answers.
 
     bootstrap   starts a node's share of a launch; nothing of it outlives the launcher
     shim        every rank's first code: its node's environment, join and exit marks
-    probe       doctor's fact sheet, with `system`, `network`, `software`, `peers`, `jitlocks`
+    probe       doctor's fact sheet, with `system`, `network`, `software`, `peers`, `jitlocks`,
+                `gpus`
     sshkeys     `setup ssh`'s job: keys, known_hosts, authorized_keys
     files       private files (the deepspeed backend's), known_hosts lines, sync's prune
     procs       ending a run's processes by id; stack dumps of ranks (py-spy)

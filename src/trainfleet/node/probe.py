@@ -26,7 +26,7 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, TypedDict, cast
 
-from trainfleet.node import answer, jitlocks, network, peers, software, system
+from trainfleet.node import answer, gpus, jitlocks, network, peers, software, system
 
 PROBE_VERSION = 1
 ENV_PREFIXES = ("NCCL_", "GLOO_", "MASTER_", "TORCH_", "CUDA_", "DS_", "TP_SOCKET", "PDSH_")
@@ -249,7 +249,7 @@ def main(params: ProbeParams) -> None:
         "path": os.environ.get("PATH", ""),
         "cuda_home": os.environ.get("CUDA_HOME"),
         "env": {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES)},
-        "gpus": system.gpus(),
+        "gpus": gpus.facts(),
         "infiniband": system.infiniband(),
         "jit_locks": jitlocks.jit_locks(params["extensions_dir"]),
         "code": None

@@ -1,5 +1,5 @@
 """The node's own facts that need no network: commands run with a bound, files read, memory,
-disk, limits, GPUs (nvidia-smi), InfiniBand ports, a hash of the code in the workdir.
+disk, limits, InfiniBand ports, a hash of the code in the workdir.
 
     >>> run(["true"])[0], run(["no-such-command-here"])[0]
     (0, 127)
@@ -58,45 +58,6 @@ def limits():
         soft, _ = resource.getrlimit(which)
         out[key] = None if soft == resource.RLIM_INFINITY else soft
     return out
-
-
-def gpus():
-    code, out, _ = run(
-        [
-            "nvidia-smi",
-            "--query-gpu=index,name,memory.total,driver_version",
-            "--format=csv,noheader,nounits",
-        ],
-        timeout=15,
-    )
-    if code == 127:
-        return None
-    if code != 0:
-        return {"error": "nvidia-smi exit %s" % code}
-    devices = []
-    for line in out.strip().splitlines():
-        index, name, mem, driver = [p.strip() for p in line.split(",")[:4]]
-        devices.append(
-            {"index": int(index), "name": name, "memory_mib": int(float(mem)), "driver": driver}
-        )
-    code, out, _ = run(
-        [
-            "nvidia-smi",
-            "--query-compute-apps=pid,process_name,used_memory,gpu_uuid",
-            "--format=csv,noheader,nounits",
-        ],
-        timeout=15,
-    )
-    apps = (
-        [
-            dict(zip(("pid", "name", "used_mib", "gpu"), [p.strip() for p in line.split(",")]))
-            for line in out.strip().splitlines()
-            if line.strip()
-        ]
-        if code == 0
-        else []
-    )
-    return {"devices": devices, "processes": apps}
 
 
 def infiniband() -> Dict[str, Dict[str, Dict[str, Optional[str]]]]:

@@ -11,6 +11,8 @@ what a process can allocate is less (CUDA context: see `memory.CONTEXT_BYTES`).
 
 from __future__ import annotations
 
+import os
+import re
 from dataclasses import dataclass
 
 from trainfleet.errors import TrainfleetError
@@ -51,3 +53,68 @@ def gpu_by_name(name: str) -> Gpu:
         f"GPU {name!r} is not in the planner's table",
         f"use one of {', '.join(GPUS)}, or give --gpu-memory and --gpu-tflops",
     )
+
+
+def known_gpu(product: str) -> Gpu | None:
+    """The table's GPU whose name is a word of nvidia-smi's product name, if any.
+
+    >>> [getattr(known_gpu(n), "name", None) for n in ("NVIDIA H200", "NVIDIA H20",
+    ...  "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-40GB", "Tesla T4")]
+    ['H200', 'H20', 'H100', 'A100', None]
+    """
+    words = {word.lower() for word in re.split(r"[^A-Za-z0-9]+", product)}
+    return next((gpu for name, gpu in GPUS.items() if name.lower() in words), None)
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class LocalGpus:
+    """The GPUs this machine's processes would use: nvidia-smi's, less CUDA_VISIBLE_DEVICES."""
+
+    count: int
+    product: str
+    """nvidia-smi's name of the first one, e.g. "NVIDIA H200"."""
+    memory_bytes: int
+
+
+def this_machine() -> LocalGpus | None:
+    """This machine's GPUs; None where there is no nvidia-smi, it fails, or it lists none."""
+    from trainfleet.node import gpus
+
+    found = gpus.facts()
+    if not found or found["error"] is not None:
+        return None
+    devices = [
+        {"index": int(d["index"]), "name": d["name"], "mib": int(d["memory.total"])}
+        for d in found["devices"]
+        if d["index"].isdigit() and d["memory.total"].isdigit()
+    ]
+    devices = visible(devices, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    if not devices:
+        return None
+    return LocalGpus(
+        count=len(devices),
+        product=devices[0]["name"],
+        memory_bytes=min(d["mib"] for d in devices) * 2**20,
+    )
+
+
+def visible(devices: list[dict], cuda_visible: str | None) -> list[dict]:
+    """The devices CUDA_VISIBLE_DEVICES leaves, in its order; CUDA stops at the first entry
+    that names no device. UUID and MIG entries are counted, each taken as the first device.
+
+    >>> gpus = [{"index": 0}, {"index": 1}, {"index": 2}]
+    >>> [len(visible(gpus, v)) for v in (None, "", "1,2", "2,7,0", "GPU-a46f,GPU-77")]
+    [3, 0, 2, 1, 2]
+    """
+    if cuda_visible is None:
+        return devices
+    by_index = {device["index"]: device for device in devices}
+    chosen = []
+    for entry in (e.strip() for e in cuda_visible.split(",") if e.strip()):
+        if entry.isdigit():
+            if int(entry) not in by_index:
+                break
+            chosen.append(by_index[int(entry)])
+        elif devices:
+            chosen.append(devices[0])
+    return chosen
