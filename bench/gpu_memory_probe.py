@@ -10,7 +10,9 @@ ZeRO-3 builds it under zero.Init, as HF Trainer does when a ZeRO-3 config is ali
 config is the one `trainfleet plan` writes for this setup (`deepspeed_config`), with the `auto`
 hyperparameters filled as HF Trainer would. Each step is a forward and backward of
 micro-batch x seq-len random tokens with labels (HF's loss, fp32 logits) and an optimizer step.
-The last stdout line is one JSON object: the measured peaks and the planner's prediction.
+The last stdout line is one JSON object: the measured peaks (the whole run's, and each
+phase's: init, forward, backward, optimizer step, the largest over the steps) and the planner's
+prediction.
 """
 
 from __future__ import annotations
@@ -123,13 +125,19 @@ def main(argv: list[str] | None = None) -> int:
     del keep_alive
     generator = torch.Generator().manual_seed(0)
     losses = []
+    peaks = {"init": _peak_and_reset(on_gpu)}
+    phases: dict[str, int] = {}
     for _ in range(args.steps):
         tokens = torch.randint(
             0, shape.vocab_size, (setup.micro_batch, setup.seq_len), generator=generator
         ).to(device)
         loss = engine(input_ids=tokens, labels=tokens).loss
+        phases["forward"] = _peak_and_reset(on_gpu)
         engine.backward(loss)
+        phases["backward"] = _peak_and_reset(on_gpu)
         engine.step()
+        phases["step"] = _peak_and_reset(on_gpu)
+        peaks.update({name: max(peaks.get(name, 0), value) for name, value in phases.items()})
         losses.append(round(float(loss), 4))
     if on_gpu:
         torch.cuda.synchronize()
@@ -160,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
             },
         },
         "measured": {
-            "allocated": torch.cuda.max_memory_allocated() if on_gpu else None,
+            "allocated": max(peaks.values()) if on_gpu else None,
+            "phases": peaks,
             "reserved": torch.cuda.max_memory_reserved() if on_gpu else None,
             "device_used": _device_used_bytes() if on_gpu else None,
         },
@@ -170,6 +179,17 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(json.dumps(result), flush=True)
     return 0
+
+
+def _peak_and_reset(on_gpu: bool) -> int:
+    """The peak allocated since the last reset (or the start), then a new window begins."""
+    if not on_gpu:
+        return 0
+    import torch
+
+    peak = torch.cuda.max_memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    return peak
 
 
 def _device_used_bytes() -> int:

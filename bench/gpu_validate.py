@@ -1,17 +1,19 @@
 """On a GPU machine: what trainfleet's GPU paths do on a real GPU, in one command.
 
-    OUT=dir python bench/gpu_validate.py [--parts smi,paths,planner] [--budget-s 480]
+    OUT=dir python bench/gpu_validate.py [--parts smi,health,paths,planner] [--budget-s 480]
 
 1. smi: every nvidia-smi output doctor reads or will read (the query fields one by one, the
    combined query, remapped rows, NVLink, compute apps, `-q`, the kernel log's readability),
    recorded with exit codes in OUT/nvidia_smi.json: the recorded formats that the GPU health
    tests replay. Then the cost of one node's health query (median of 10), the figure doctor's
    budget of under 2 s per node is held to.
-2. paths: trainfleet's own commands on this GPU: doctor's facts (and a process holding GPU
+2. health: the probe's GPU answer (node/gpus.py) on this GPU, doctor's report, and `plan`'s
+   default (this machine's GPUs).
+3. paths: trainfleet's own commands on this GPU: doctor's facts (and a process holding GPU
    memory reported as gpu-busy), `launch` of a 1-rank NCCL all_reduce, fail-fast on a CUDA
    rank's crash, and the hang watchdog's stack dump and Flight Recorder record of a CUDA rank
    stuck in a kernel.
-3. planner: `trainfleet plan`'s predicted peak against torch.cuda.max_memory_allocated() for a
+4. planner: `trainfleet plan`'s predicted peak against torch.cuda.max_memory_allocated() for a
    Qwen2.5-0.5B-shaped model (random weights) over ZeRO 0-3, checkpointing, LoRA, offload, seq
    len and micro batch, one process per config (bench/gpu_memory_probe.py).
 
@@ -34,18 +36,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 OUT = Path(os.environ.get("OUT") or ROOT / "gpu-validate-out")
 
-HEALTH_FIELDS = (
-    "index,uuid,name,pci.bus_id,driver_version,persistence_mode,mig.mode.current,"
-    "ecc.mode.current,ecc.errors.uncorrected.volatile.total,"
-    "ecc.errors.uncorrected.aggregate.total,retired_pages.pending,"
-    "clocks_event_reasons.active,clocks_event_reasons.hw_slowdown,"
-    "clocks_event_reasons.hw_thermal_slowdown,clocks_event_reasons.hw_power_brake_slowdown,"
-    "clocks_event_reasons.sw_thermal_slowdown,pcie.link.gen.current,pcie.link.gen.max,"
-    "pcie.link.width.current,pcie.link.width.max,temperature.gpu,memory.total,memory.used"
-)
-"""The one query a node's health check needs (#37), each field also recorded alone."""
+sys.path.insert(0, str(ROOT / "src"))
+from trainfleet.node import gpus  # noqa: E402
+
+HEALTH_FIELDS = ",".join(gpus.FIELDS)
+"""The one query doctor's probe asks each node (node/gpus.py), each field also recorded alone."""
 
 MORE_FIELDS = (
+    "ecc.errors.uncorrected.aggregate.total,clocks_event_reasons.active,"
     "serial,vbios_version,compute_cap,compute_mode,mig.mode.pending,ecc.mode.pending,"
     "ecc.errors.corrected.volatile.total,retired_pages.double_bit.count,"
     "retired_pages.single_bit_ecc.count,clocks_throttle_reasons.active,"
@@ -174,6 +172,8 @@ def part_smi(summary: Summary) -> None:
         [smi, f"--query-gpu={HEALTH_FIELDS}", "--format=csv"],
         [smi, f"--query-gpu={HEALTH_FIELDS}", "--format=csv,noheader,nounits"],
         [smi, REMAPPED, "--format=csv"],
+        [smi, "--query-gpu=no.such.field", "--format=csv"],
+        [smi, "-q", "-d", "COMPUTE"],
         [smi, REMAPPED, "--format=csv,noheader,nounits"],
         [smi, "--query-compute-apps=pid,process_name,used_memory,gpu_uuid", "--format=csv"],
         [smi, "nvlink", "--status"],
@@ -227,6 +227,19 @@ def part_smi(summary: Summary) -> None:
 
 def trainfleet(*args: str, timeout: float = 120, env: dict | None = None) -> dict:
     return run([sys.executable, "-m", "trainfleet", *args], timeout=timeout, env=env)
+
+
+def part_health(summary: Summary) -> None:
+    """The probe's GPU answer on this GPU, doctor's report of it, and plan's default here."""
+    probe = run([sys.executable, "-c", "import json; from trainfleet.node import gpus;"
+                 " print(json.dumps(gpus.facts(), indent=1))"], timeout=60)  # fmt: skip
+    say("probe's gpus.facts():", probe["rc"], probe["stdout"][-3000:], probe["stderr"][-800:])
+    doctor = trainfleet("doctor", "--hosts", "localhost", timeout=180)
+    say("doctor:", doctor["rc"], doctor["stdout"][-2500:], doctor["stderr"][-800:])
+    plan = trainfleet("plan", "--model", str(OUT / "work" / "qwen05b" / "config.json"),
+                      "--seq-len", "2048", "--zero", "2", timeout=120)  # fmt: skip
+    say("plan, no cluster given:", plan["rc"], plan["stdout"][:700], plan["stderr"][-400:])
+    summary.put("health", {"probe": probe, "doctor": doctor, "plan": plan})
 
 
 def part_paths(summary: Summary) -> None:
@@ -310,11 +323,11 @@ def _doctor_view(got: dict) -> dict:
     }
 
 
-def part_planner(summary: Summary, deadline: float) -> None:
+def part_planner(summary: Summary, deadline: float, configs: int) -> None:
     config = OUT / "work" / "qwen05b" / "config.json"
-    rows = []
+    rows: list[dict] = []
     torch_adam = False
-    for zero, offload, seq, mb, ckpt, lora in PLANNER_CONFIGS:
+    for zero, offload, seq, mb, ckpt, lora in PLANNER_CONFIGS[:configs]:
         left = deadline - time.monotonic()
         if left < 40:
             say(f"planner: stopped for time with {len(PLANNER_CONFIGS) - len(rows)} configs left")
@@ -359,9 +372,18 @@ def _planner_line(row: dict) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--parts", default="smi,paths,planner")
+    parser.add_argument("--parts", default="smi,health,paths,planner")
     parser.add_argument("--budget-s", type=float, default=480)
+    parser.add_argument("--configs", type=int, default=len(PLANNER_CONFIGS),
+                        help="the planner part's first N configs")  # fmt: skip
+    parser.add_argument(
+        "--arch-list",
+        help="TORCH_CUDA_ARCH_LIST for DeepSpeed's op builds (9.0 works around DeepSpeed "
+        "0.19.8 failing on torch's '9.0a')",
+    )
     args = parser.parse_args()
+    if args.arch_list:
+        os.environ["TORCH_CUDA_ARCH_LIST"] = args.arch_list
     deadline = time.monotonic() + args.budget_s
     (OUT / "work" / "qwen05b").mkdir(parents=True, exist_ok=True)
     (OUT / "work" / "qwen05b" / "config.json").write_text(json.dumps(QWEN05B))
@@ -372,12 +394,12 @@ def main() -> int:
     if shutil.which("nvidia-smi") is None:
         say("no nvidia-smi here: this bench runs on a GPU machine")
         return 2
-    parts = {"smi": part_smi, "paths": part_paths}
+    parts = {"smi": part_smi, "health": part_health, "paths": part_paths}
     for name in args.parts.split(","):
         started = time.monotonic()
         try:
             if name == "planner":
-                part_planner(summary, deadline)
+                part_planner(summary, deadline, args.configs)
             else:
                 parts[name](summary)
         except Exception as exc:  # one part's failure must not cost the others' figures

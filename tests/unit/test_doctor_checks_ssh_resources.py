@@ -268,7 +268,7 @@ def test_infiniband_with_limited_memlock(survey):
 def test_fewer_gpus_than_slots(tmp_path):
     survey = make_survey(tmp_path, slots={N2: 2})
     sheets = sheets_of(survey)
-    sheets[N2]["gpus"] = {"devices": [{"index": 0, "name": "H100"}], "processes": []}
+    sheets[N2]["gpus"] = {"devices": [{"index": "0", "name": "H100"}], "processes": []}
     survey = reparsed(survey, sheets)
     expect_one(
         resources.check_gpus(survey),
@@ -282,8 +282,8 @@ def test_fewer_gpus_than_slots(tmp_path):
 
 def test_gpus_held_by_leftover_processes(survey):
     sheets = sheets_of(survey)
-    process = {"pid": "4242", "name": "python", "used_mib": "10240", "gpu": "GPU-1"}
-    sheets[N3]["gpus"] = {"devices": [{"index": 0, "name": "H100"}], "processes": [process]}
+    process = {"pid": "4242", "process_name": "python", "used_memory": "10240", "gpu_uuid": "GPU-1"}
+    sheets[N3]["gpus"] = {"devices": [{"index": "0", "name": "H100"}], "processes": [process]}
     survey = reparsed(survey, sheets)
     expect_one(
         resources.check_gpus(survey),

@@ -288,7 +288,7 @@ def test_partial_entries_keep_what_is_well_formed():
     facts = facts_of(
         {
             "interfaces": [{"name": "eth0", "up": True, "mtu": "1500"}, {"up": True}, "lo"],
-            "gpus": {"devices": [{"index": 0, "memory_mib": 81559}, "H100"], "processes": {}},
+            "gpus": {"devices": [{"index": "0", "memory.total": "81559"}, "H100"], "processes": {}},
             "jit_locks": [
                 {"path": "/a/lock", "age_s": 90, "busy_pids": [12]},
                 {"path": "/b/lock", "age_s": 90, "busy_pids": ["12"]},  # holders unreadable

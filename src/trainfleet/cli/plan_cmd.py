@@ -10,8 +10,12 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trainfleet.cli.common import add_cluster_arguments
+
+if TYPE_CHECKING:
+    from trainfleet.plan.hardware import Gpu, LocalGpus
 
 HELP = "memory per GPU and CPU RAM per node for a model and config; the fastest config that fits"
 DESCRIPTION = """\
@@ -94,7 +98,7 @@ def _busbw(args: argparse.Namespace, nodes: int) -> tuple[float, str]:
     return DEFAULT_BUSBW[nodes == 1] * 1e9, "default; measure it with `trainfleet commtest`"
 
 
-def _gpu_here(here, defaults: list[str], args: argparse.Namespace):
+def _gpu_here(here: LocalGpus | None, defaults: list[str], args: argparse.Namespace) -> Gpu:
     """The GPU to plan for when --gpu is not given: this machine's where it has one (its
     memory as nvidia-smi reports it, its peak from the table when the name is there), else
     an H100."""

@@ -7,10 +7,11 @@
 
 One query per node answers every per-GPU question (FIELDS); four more small calls give the
 remapped rows, the compute processes, the NVLink states and the CUDA version the driver
-supports (about 130 ms in all on an H200: docs/notes/2026-11.md). Each value travels as nvidia-smi printed it (`[N/A]`, `[Not Supported]` included):
-the launch side reads them (`trainfleet.doctor.facts`), so a driver that prints something new
-is shown, not guessed at here. Field names and their meanings: `nvidia-smi --help-query-gpu`
-(the H200 recording in tests/unit/fixtures/nvidia_smi/ holds driver 580's text).
+supports (about 130 ms in all on an H200: docs/notes/2026-11.md). Each value travels as
+nvidia-smi printed it (`[N/A]`, `[Not Supported]` included): the launch side reads them
+(`trainfleet.doctor.facts`), so a driver that prints something new is shown, not guessed at
+here. Field names and their meanings: `nvidia-smi --help-query-gpu` (the H200 recording in
+tests/unit/fixtures/nvidia_smi/ holds driver 580's text).
 
 Older drivers name the clock reasons `clocks_throttle_reasons.*` and refuse the newer names
 (the whole query fails); then the query is asked again with those names, and where that fails

@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from trainfleet.doctor.checks import network, resources, software, ssh, transport
+from trainfleet.doctor.checks import gpus, network, resources, software, ssh, transport
 from trainfleet.doctor.collect import Survey
 from trainfleet.doctor.findings import Finding, merge
 
@@ -31,6 +31,17 @@ CHECKS = (
     software.check_launcher,
     software.check_jit_locks,
     resources.check_gpus,
+    gpus.check_nvidia_smi,
+    gpus.check_ecc,
+    gpus.check_remapping,
+    gpus.check_xid,
+    gpus.check_mig,
+    gpus.check_cuda_driver,
+    gpus.check_driver_differs,
+    gpus.check_nvlink,
+    gpus.check_pcie,
+    gpus.check_throttled,
+    gpus.check_persistence,
     resources.check_shm,
     resources.check_disk,
     resources.check_memlock,

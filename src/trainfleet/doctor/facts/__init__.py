@@ -1,7 +1,8 @@
 """A node's fact sheet (the probe's JSON), parsed once at collection into frozen, typed values.
 
     >>> sheet = {"probe_version": PROBE_VERSION, "hostname": "gpu-node-1",
-    ...          "gpus": {"devices": [{"index": 0, "name": "H100", "memory_mib": 81559}]},
+    ...          "gpus": {"devices": [{"index": "0", "name": "NVIDIA H100 80GB HBM3",
+    ...                                "memory.total": "81559"}]},
     ...          "shm": "64G", "tools": ["ninja"]}
     >>> facts = parse_fact_sheet(sheet, node="gpu-node-1")
     >>> facts.hostname, facts.gpus.devices[0].memory_mib, facts.shm.total, facts.tools
@@ -49,6 +50,7 @@ from trainfleet.doctor.facts.sheet import (
     SshOutcome,
     Transfer,
     Workdir,
+    Xid,
 )
 from trainfleet.node.probe import PROBE_VERSION
 
@@ -81,4 +83,5 @@ __all__ = [
     "SshOutcome",
     "Transfer",
     "Workdir",
+    "Xid",
 ]

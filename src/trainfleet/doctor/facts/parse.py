@@ -11,6 +11,7 @@ for what it is or as unknown.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -40,6 +41,7 @@ from trainfleet.doctor.facts.sheet import (
     SshOutcome,
     Transfer,
     Workdir,
+    Xid,
 )
 from trainfleet.errors import NodeAnswerError, TrainfleetError
 from trainfleet.node.probe import PROBE_VERSION, FactSheet
@@ -207,26 +209,140 @@ def parse_imports(raw: object) -> Imports | None:
     )
 
 
-def _gpu(raw: dict) -> Gpu:
+def _text(value: object) -> str | None:
+    """nvidia-smi's text for a field; None for its 'no value' words and anything not text."""
+    if not isinstance(value, str) or value.strip("[] ") in ("", "N/A", "Not Supported", "Unknown"):
+        return None
+    return value.strip()
+
+
+def _number(value: object) -> int | None:
+    text = _text(value)
+    return int(text) if text is not None and text.isdigit() else None
+
+
+def _flag(value: object, yes: str, no: str) -> bool | None:
+    text = _text(value)
+    return {yes: True, no: False}.get(text) if text is not None else None
+
+
+SLOWDOWNS = (
+    "hw_slowdown",
+    "hw_thermal_slowdown",
+    "hw_power_brake_slowdown",
+    "sw_thermal_slowdown",
+)
+"""The clock event reasons that are faults (`nvidia-smi --help-query-gpu`: GPU idle,
+application clocks and the software power cap are the GPU doing as it is told)."""
+
+_NVLINK = re.compile(r"^GPU (\d+):|^\s*Link (\d+):\s*(.*)$")
+
+
+def nvlink_states(text: str) -> dict[int, tuple[int, tuple[int, ...]]]:
+    """{GPU index: (links up, numbers of the links down)} from `nvidia-smi nvlink --status`.
+    A link is up only with a speed (`Link 0: 26.562 GB/s`); `<inactive>` or any other word is
+    down: a reading nobody has seen is no evidence of a working link.
+
+    >>> nvlink_states("GPU 0: NVIDIA H100 (UUID: GPU-1)\\n\\t Link 0: 26.562 GB/s\\n"
+    ...               "\\t Link 1: <inactive>\\nGPU 1: NVIDIA H100 (UUID: GPU-2)\\n")
+    {0: (1, (1,)), 1: (0, ())}
+    """
+    states: dict[int, tuple[int, tuple[int, ...]]] = {}
+    gpu = None
+    for line in text.splitlines():
+        found = _NVLINK.match(line)
+        if found is None:
+            continue
+        if found.group(1) is not None:
+            gpu = int(found.group(1))
+            states[gpu] = (0, ())
+        elif gpu is not None:
+            up, down = states[gpu]
+            if re.match(r"[0-9.]+ [GM]B/s", found.group(3)):
+                states[gpu] = (up + 1, down)
+            else:
+                states[gpu] = (up, (*down, int(found.group(2))))
+    return states
+
+
+_XID = re.compile(r"NVRM: Xid \(PCI:([0-9A-Fa-f:.]+)\): (\d+),")
+
+
+def _xid(line: object) -> Xid | None:
+    if not isinstance(line, str) or (found := _XID.search(line)) is None:
+        return None
+    return Xid(bus_id=found.group(1), code=int(found.group(2)), line=line.strip())
+
+
+def _gpu(raw: dict, remapped: dict[str, dict], nvlinks: dict) -> Gpu:
+    index = _number(raw.get("index"))
+    bus_id = _text(raw.get("pci.bus_id"))
+    remap = remapped.get(bus_id or "", {})
+    up, down = nvlinks.get(index, (0, ()))
     return Gpu(
-        index=_int(raw.get("index")),
-        name=_str(raw.get("name")),
-        memory_mib=_int(raw.get("memory_mib")),
-        driver=_str(raw.get("driver")),
+        index=index,
+        uuid=_text(raw.get("uuid")),
+        name=_text(raw.get("name")),
+        bus_id=bus_id,
+        memory_mib=_number(raw.get("memory.total")),
+        used_mib=_number(raw.get("memory.used")),
+        driver=_text(raw.get("driver_version")),
+        persistence=_flag(raw.get("persistence_mode"), "Enabled", "Disabled"),
+        mig=_flag(raw.get("mig.mode.current"), "Enabled", "Disabled"),
+        ecc=_flag(raw.get("ecc.mode.current"), "Enabled", "Disabled"),
+        ecc_uncorrected=_number(raw.get("ecc.errors.uncorrected.volatile.total")),
+        retired_pending=_flag(raw.get("retired_pages.pending"), "Yes", "No"),
+        remap_pending=_flag(remap.get("remapped_rows.pending"), "Yes", "No"),
+        remap_failed=_flag(remap.get("remapped_rows.failure"), "Yes", "No"),
+        slowdowns=tuple(
+            name for name in SLOWDOWNS if _text(raw.get("clocks_event_reasons." + name)) == "Active"
+        ),
+        pcie_gen=_number(raw.get("pcie.link.gen.current")),
+        pcie_gen_max=_number(raw.get("pcie.link.gen.max")),
+        pcie_width=_number(raw.get("pcie.link.width.current")),
+        pcie_width_max=_number(raw.get("pcie.link.width.max")),
+        temperature_c=_number(raw.get("temperature.gpu")),
+        nvlinks_up=up,
+        nvlinks_down=down,
     )
 
 
 def _gpu_process(raw: dict) -> GpuProcess:
-    return GpuProcess(**{name: _str(raw.get(name)) for name in GpuProcess.__dataclass_fields__})
+    return GpuProcess(
+        pid=_text(raw.get("pid")),
+        name=_text(raw.get("process_name")),
+        used_mib=_text(raw.get("used_memory")),
+        gpu=_text(raw.get("gpu_uuid")),
+    )
 
 
 def _gpus(raw: object) -> Gpus | None:
     if not isinstance(raw, dict):
         return None
+    if raw.get("error") is not None:
+        return Gpus(error=_str(raw.get("error")) or "nvidia-smi failed (unreadable message)")
+    remapped_rows = raw.get("remapped")
+    remapped = {
+        bus: row
+        for row in _list(remapped_rows)
+        if isinstance(row, dict) and (bus := _text(row.get("gpu_bus_id")))
+    }
+    nvlink = _str(raw.get("nvlink"))
+    nvlinks = nvlink_states(nvlink) if nvlink else {}
+    log = _dict(raw.get("kernel_log"))
     return Gpus(
-        devices=_items(raw.get("devices"), _gpu),
+        devices=tuple(
+            _gpu(item, remapped, nvlinks)
+            for item in _list(raw.get("devices"))
+            if isinstance(item, dict)
+        ),
         processes=_items(raw.get("processes"), _gpu_process),
-        error=_str(raw.get("error")),
+        query=_str(raw.get("query")),
+        cuda_version=_str(raw.get("cuda_version")),
+        remapped_known=isinstance(remapped_rows, list),
+        xid=tuple(x for x in map(_xid, _list(log.get("xid"))) if x is not None),
+        kernel_log=_str(log.get("source")),
+        kernel_log_error=_str(log.get("error")),
     )
 
 

@@ -168,10 +168,41 @@ class Imports:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Gpu:
+    """One GPU as the node's nvidia-smi reports it (`node/gpus.py`); None: not reported, or
+    reported as `[N/A]`/`[Not Supported]`/something unreadable."""
+
     index: int | None = None
+    uuid: str | None = None
     name: str | None = None
+    bus_id: str | None = None
+    """nvidia-smi's pci.bus_id, e.g. "00000000:3B:00.0"."""
     memory_mib: int | None = None
+    used_mib: int | None = None
     driver: str | None = None
+    persistence: bool | None = None
+    mig: bool | None = None
+    ecc: bool | None = None
+    ecc_uncorrected: int | None = None
+    """Uncorrected ECC errors since the driver loaded (volatile)."""
+    retired_pending: bool | None = None
+    """Pages waiting to be retired (before Ampere; Hopper reports [N/A] and remaps rows)."""
+    remap_pending: bool | None = None
+    remap_failed: bool | None = None
+    slowdowns: tuple[str, ...] = ()
+    """The active clock event reasons that are faults: hw_slowdown, hw_thermal_slowdown,
+    hw_power_brake_slowdown, sw_thermal_slowdown (idle and application clocks are not)."""
+    pcie_gen: int | None = None
+    pcie_gen_max: int | None = None
+    pcie_width: int | None = None
+    pcie_width_max: int | None = None
+    temperature_c: int | None = None
+    nvlinks_up: int = 0
+    nvlinks_down: tuple[int, ...] = ()
+    """Link numbers `nvidia-smi nvlink --status` lists without a speed."""
+
+    @property
+    def label(self) -> str:
+        return f"GPU {self.index}" + (f" ({self.bus_id})" if self.bus_id else "")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -182,6 +213,16 @@ class GpuProcess:
     name: str | None = None
     used_mib: str | None = None
     gpu: str | None = None
+    """The GPU's UUID."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Xid:
+    """An `NVRM: Xid (PCI:...): CODE, ...` kernel line: the GPU's bus, the code, the line."""
+
+    bus_id: str
+    code: int
+    line: str
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -189,6 +230,17 @@ class Gpus:
     devices: tuple[Gpu, ...] = ()
     processes: tuple[GpuProcess, ...] = ()
     error: str | None = None
+    """nvidia-smi is there but failed (its exit code and message)."""
+    query: str | None = None
+    """Which field set answered: health, legacy (an older driver's names), basic."""
+    cuda_version: str | None = None
+    """The newest CUDA the driver supports."""
+    remapped_known: bool = False
+    """Whether nvidia-smi answered the remapped-rows query (not before Ampere)."""
+    xid: tuple[Xid, ...] = ()
+    kernel_log: str | None = None
+    """Where the Xids were read (dmesg, journalctl); None: not readable (kernel_log_error)."""
+    kernel_log_error: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
