@@ -6,6 +6,8 @@ from trainfleet.catalog.ids import Area, Entry, FindingId, Sandbox
 
 _SSH, _NET, _SW, _RES, _RUN = Area.SSH, Area.NETWORK, Area.SOFTWARE, Area.RESOURCES, Area.RUNTIME
 _DOCTOR = ("test_doctor.py",)
+_FAKE_GPU = ("test_fake_gpu.py",)
+"""The GPU findings' cluster tests, on simulated GPUs (sandbox/fakegpu.py)."""
 
 ENTRIES: dict[FindingId, Entry] = {
     # ------------------------------------------------------------------ software
@@ -102,6 +104,7 @@ ENTRIES: dict[FindingId, Entry] = {
         seen="`invalid device ordinal`, `No slot 2 specified on host`",
         detect="the GPUs found on each node against its slots; the same text in a rank's error",
         fix="the node's real GPU count as its slots",
+        sandbox=Sandbox(faults=("fake-gpu-count",), tests=_FAKE_GPU),
     ),
     FindingId.GPU_BUSY: Entry(
         area=_RES,
@@ -110,6 +113,7 @@ ENTRIES: dict[FindingId, Entry] = {
         detect="`nvidia-smi --query-compute-apps` on each node; the busy-device text in a "
         "rank's error",
         fix="stop the processes named (pid and command)",
+        sandbox=Sandbox(faults=("fake-gpu-busy",), tests=_FAKE_GPU),
     ),
     FindingId.GPU_UNHEALTHY: Entry(
         area=_RES,
@@ -128,6 +132,7 @@ ENTRIES: dict[FindingId, Entry] = {
         detect="nvidia-smi's exit code and message on each node",
         fix="load the driver (reboot after a driver upgrade, or reinstall the driver matching "
         "the kernel)",
+        sandbox=Sandbox(faults=("fake-gpu-no-driver",), tests=_FAKE_GPU),
     ),
     FindingId.GPU_ECC_UNCORRECTED: Entry(
         area=_RES,
@@ -135,6 +140,7 @@ ENTRIES: dict[FindingId, Entry] = {
         seen="`CUDA error: uncorrectable ECC error encountered`, NaNs, a crash hours in",
         detect="`nvidia-smi --query-gpu` ecc.errors.uncorrected.volatile.total per GPU",
         fix="exclude the GPU (`-e NODE:GPU`); reset it or drain the node for service",
+        sandbox=Sandbox(faults=("fake-gpu-ecc",), tests=_FAKE_GPU),
     ),
     FindingId.GPU_REMAP_PENDING: Entry(
         area=_RES,
@@ -143,6 +149,7 @@ ENTRIES: dict[FindingId, Entry] = {
         detect="`nvidia-smi --query-remapped-rows` pending and failure; retired_pages.pending",
         fix="pending: reset the GPU (`nvidia-smi -r -i GPU`) or reboot the node; failed: the GPU "
         "needs replacing, exclude it (`-e NODE:GPU`)",
+        sandbox=Sandbox(faults=("fake-gpu-remap",), tests=_FAKE_GPU),
     ),
     FindingId.GPU_XID: Entry(
         area=_RES,
@@ -152,6 +159,7 @@ ENTRIES: dict[FindingId, Entry] = {
         "node allows; 'not readable' where it does not",
         fix="fatal Xids (48, 63, 64, 74, 79, 92, 94, 95, 119, 120): exclude the GPU and have "
         "the node checked; others: look up the Xid in NVIDIA's Xid catalog",
+        sandbox=Sandbox(faults=("fake-gpu-xid",), tests=_FAKE_GPU),
     ),
     FindingId.GPU_MIG_ENABLED: Entry(
         area=_RES,
@@ -159,6 +167,7 @@ ENTRIES: dict[FindingId, Entry] = {
         seen="CUDA sees MIG instances, not the GPU; NCCL fails or each rank gets a slice",
         detect="mig.mode.current per GPU",
         fix="disable MIG (`nvidia-smi -i GPU -mig 0`, then reset the GPU) or exclude it",
+        sandbox=Sandbox(faults=("fake-gpu-mig",), tests=_FAKE_GPU),
     ),
     FindingId.CUDA_DRIVER_TOO_OLD: Entry(
         area=_RES,
@@ -168,6 +177,7 @@ ENTRIES: dict[FindingId, Entry] = {
         "`torch.version.cuda` on each node",
         fix="upgrade the driver, or install the torch build for the driver's CUDA "
         "(`pip install torch --index-url https://download.pytorch.org/whl/cuXYZ`)",
+        sandbox=Sandbox(faults=("fake-gpu-old-driver",), tests=_FAKE_GPU),
     ),
     FindingId.GPU_DRIVER_DIFFERS: Entry(
         area=_RES,
@@ -182,6 +192,7 @@ ENTRIES: dict[FindingId, Entry] = {
         seen="one node's all-reduce is several times slower; NCCL falls back to PCIe",
         detect="`nvidia-smi nvlink --status`: a link without a speed where the node has others",
         fix="reset the GPU or reboot the node; if it stays down, have the node serviced",
+        sandbox=Sandbox(faults=("fake-gpu-nvlink",), tests=_FAKE_GPU),
     ),
     FindingId.GPU_PCIE_DEGRADED: Entry(
         area=_RES,
@@ -190,6 +201,7 @@ ENTRIES: dict[FindingId, Entry] = {
         detect="pcie.link.width.current against pcie.link.width.max (the generation drops at "
         "idle by design and is not judged)",
         fix="reseat the GPU or its riser; check the slot in the BIOS",
+        sandbox=Sandbox(faults=("fake-gpu-pcie",), tests=_FAKE_GPU),
     ),
     FindingId.GPU_THROTTLED: Entry(
         area=_RES,
@@ -198,6 +210,7 @@ ENTRIES: dict[FindingId, Entry] = {
         detect="clocks_event_reasons hw_slowdown, hw_thermal_slowdown, "
         "hw_power_brake_slowdown, sw_thermal_slowdown (idle is not a fault)",
         fix="check the node's cooling and power supply; exclude the GPU until it is fixed",
+        sandbox=Sandbox(faults=("fake-gpu-throttled",), tests=_FAKE_GPU),
     ),
     FindingId.GPU_PERSISTENCE_OFF: Entry(
         area=_RES,
@@ -205,6 +218,7 @@ ENTRIES: dict[FindingId, Entry] = {
         seen="every start pays seconds of driver load; GPU state can reset between jobs",
         detect="persistence_mode per GPU",
         fix="`sudo nvidia-smi -pm 1` on the node (or enable nvidia-persistenced)",
+        sandbox=Sandbox(faults=("fake-gpu-persistence",), tests=_FAKE_GPU),
     ),
     FindingId.SHM_SMALL: Entry(
         area=_RES,

@@ -26,10 +26,7 @@ touched."""
 
 def _fault_help() -> str:
     lines = ["faults (--fault NAME[@NODE], NODE a 1-based index or hostname):"]
-    lines += [
-        f"  {name:24} {kind.what} [{kind.pitfall_id or 'a hostile node: trust rules'}]"
-        for name, kind in FAULTS.items()
-    ]
+    lines += [f"  {name:24} {kind.what} [{kind.reproduces}]" for name, kind in FAULTS.items()]
     return "\n".join(lines)
 
 

@@ -25,7 +25,7 @@ from trainfleet import node as node_programs
 from trainfleet.cluster import DEFAULT_MASTER_PORT
 from trainfleet.errors import SandboxError
 from trainfleet.node import porthold
-from trainfleet.sandbox import cpu, files, hostile, netns, users
+from trainfleet.sandbox import cpu, fakegpu, files, hostile, netns, users
 from trainfleet.sandbox.faults import (
     BARE_PATH,
     DECOYS,
@@ -269,6 +269,9 @@ def _build(sandbox: Sandbox) -> None:
         else:
             host_keys[node.index] = _keygen(node_dir / host_key)
         login_dir = users.make_node_home(node_dir, user) if user else node_dir / "login"
+        gpus = _fake_gpus(sandbox, node.index)
+        if gpus is not None:
+            fakegpu.write_wrappers(node_dir / FAKE_GPU_DIR, gpus)
         if node.index in _faulted(sandbox, "planted-modules"):
             login_dir.mkdir(mode=0o700, exist_ok=True)
             hostile.plant_modules(login_dir, node_dir)
@@ -335,6 +338,23 @@ def _build(sandbox: Sandbox) -> None:
     _start_sshds(sandbox)
     _throttle_cpus(sandbox)
     _start_port_holders(sandbox)
+
+
+FAKE_GPU_DIR = "fakegpu"
+"""In a node's directory: its simulated GPUs' spec and the `nvidia-smi` and `dmesg` wrappers
+(bin/), laid over its /usr/bin (`_start_sshds`)."""
+
+
+def _fake_gpus(sandbox: Sandbox, index: int) -> fakegpu.FakeGpuSpec | None:
+    """The GPUs node `index` simulates: those of its `fake-gpu*` fault; None: it has none."""
+    specs = [(f.name, f.kind.gpus) for f in sandbox.faults if f.node == index and f.kind.gpus]
+    if len(specs) > 1:
+        names = ", ".join(name for name, _ in specs)
+        raise SandboxError(
+            f"node {index} is given {len(specs)} fake-gpu faults ({names})",
+            "give each node at most one fake-gpu* fault",
+        )
+    return specs[0][1] if specs else None
 
 
 def _root_shell() -> str:
@@ -454,6 +474,16 @@ def _start_sshds(sandbox: Sandbox) -> None:
             script = f'mount --bind "$5" "$6" && {script}'
         if sandbox.auth == "password":  # the node's own home, at the one home path
             script = f'mount --bind "$7" "$8" && {script}'
+        fake_bin = node_dir / FAKE_GPU_DIR / "bin"
+        if _fake_gpus(sandbox, node.index) is not None:
+            # Where the node's nvidia-smi would be, found by any PATH: the wrappers over its
+            # /usr/bin (read-only, this node's mount namespace only; gone with it at `down`).
+            if set(str(fake_bin)) & {":", ","}:
+                raise SandboxError(
+                    f"{fake_bin} holds ':' or ',', which overlayfs options cannot",
+                    "set TRAINFLEET_SANDBOX_DIR to a path without them",
+                )
+            script = f'mount -t overlay overlay -o "lowerdir=$9:/usr/bin" /usr/bin && {script}'
         argv = netns.in_netns(
             node.netns,
             [
@@ -461,6 +491,7 @@ def _start_sshds(sandbox: Sandbox) -> None:
                 said or node.hostname, netns.SSHD, str(node_dir / "sshd_config"),
                 str(node_dir / "sshd.log"), str(node_dir / "local"),
                 sandbox.node_local_dir or "", str(node_dir / "home"), str(sandbox.home),
+                str(fake_bin),
             ],
         )  # fmt: skip
         starting.append(

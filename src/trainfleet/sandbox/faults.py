@@ -13,16 +13,114 @@ from dataclasses import dataclass
 
 from trainfleet.catalog import FindingId
 from trainfleet.errors import SandboxError
+from trainfleet.sandbox.fakegpu import FakeGpuSpec, FakeProcess, xid_line
 
 
 @dataclass(frozen=True, slots=True)
 class FaultKind:
     pitfall_id: FindingId | None
     """The finding id doctor must report for it (docs/findings.md); None for a hostile node
-    (`sandbox/hostile.py`), which tests trainfleet's trust rules rather than a pitfall."""
+    (`sandbox/hostile.py`), which tests trainfleet's trust rules rather than a pitfall, and for
+    `fake-gpu`, the healthy GPUs the other `fake-gpu-*` faults break."""
     default_node: str
     """'first' (the master) or 'last'."""
     what: str
+    gpus: FakeGpuSpec | None = None
+    """The node's simulated GPUs (`sandbox/fakegpu.py`): its nvidia-smi and dmesg say so."""
+
+    @property
+    def reproduces(self) -> str:
+        """What `sandbox up --help` says it reproduces."""
+        if self.pitfall_id:
+            return self.pitfall_id.value
+        return "no finding: the healthy baseline" if self.gpus else "a hostile node: trust rules"
+
+
+HEALTHY_GPUS = FakeGpuSpec()
+"""`fake-gpu`: 8 GPUs that say what the recorded H200 said (sandbox/fakegpu.py)."""
+_ALL = range(HEALTHY_GPUS.gpus)
+_GPUS: dict[str, tuple[FindingId | None, str, FakeGpuSpec]] = {
+    "fake-gpu": (
+        None,
+        "8 simulated H200s, healthy: their nvidia-smi and dmesg answer as the recorded one",
+        HEALTHY_GPUS,
+    ),
+    "fake-gpu-ecc": (
+        FindingId.GPU_ECC_UNCORRECTED,
+        "fake-gpu, GPU 3 with 2 uncorrected volatile ECC errors",
+        FakeGpuSpec(fields={3: {"ecc.errors.uncorrected.volatile.total": "2"}}),
+    ),
+    "fake-gpu-remap": (
+        FindingId.GPU_REMAP_PENDING,
+        "fake-gpu, GPU 5 with a row remapping pending",
+        FakeGpuSpec(remapped={5: {"remapped_rows.pending": "Yes"}}),
+    ),
+    "fake-gpu-xid": (
+        FindingId.GPU_XID,
+        "fake-gpu, dmesg has an Xid 79 (fallen off the bus) for GPU 2",
+        FakeGpuSpec(xid=(xid_line(2, 79, 48213, "python3", "GPU has fallen off the bus."),)),
+    ),
+    "fake-gpu-mig": (
+        FindingId.GPU_MIG_ENABLED,
+        "fake-gpu, GPU 0 in MIG mode",
+        FakeGpuSpec(fields={0: {"mig.mode.current": "Enabled", "mig.mode.pending": "Enabled"}}),
+    ),
+    "fake-gpu-old-driver": (
+        FindingId.CUDA_DRIVER_TOO_OLD,
+        "fake-gpu on driver 470.256.02 (CUDA 11.4, old clock reason names); found where torch "
+        "is a CUDA 12/13 build (the sandbox's is a CPU build)",
+        FakeGpuSpec(driver="470.256.02", cuda="11.4", old_clock_names=True),
+    ),
+    "fake-gpu-nvlink": (
+        FindingId.NVLINK_DOWN,
+        "fake-gpu with 18 NVLinks per GPU, GPU 6's link 3 inactive",
+        FakeGpuSpec(nvlinks=18, inactive_links=((6, 3),)),
+    ),
+    "fake-gpu-pcie": (
+        FindingId.GPU_PCIE_DEGRADED,
+        "fake-gpu, GPU 2's PCIe link x8 of x16",
+        FakeGpuSpec(fields={2: {"pcie.link.width.current": "8"}}),
+    ),
+    "fake-gpu-throttled": (
+        FindingId.GPU_THROTTLED,
+        "fake-gpu, GPU 1 held down by HW thermal slowdown",
+        # NVML's reason bits: 0x1 idle (recorded), 0x8 HW slowdown, 0x40 its thermal subset.
+        FakeGpuSpec(
+            fields={
+                1: {
+                    "clocks_event_reasons.active": "0x0000000000000049",
+                    "clocks_event_reasons.hw_slowdown": "Active",
+                    "clocks_event_reasons.hw_thermal_slowdown": "Active",
+                }
+            }
+        ),
+    ),
+    "fake-gpu-persistence": (
+        FindingId.GPU_PERSISTENCE_OFF,
+        "fake-gpu, persistence mode off on every GPU",
+        FakeGpuSpec(fields={gpu: {"persistence_mode": "Disabled"} for gpu in _ALL}),
+    ),
+    "fake-gpu-count": (
+        FindingId.GPU_COUNT_MISMATCH,
+        "fake-gpu with 7 GPUs (found where the node has 8 slots)",
+        FakeGpuSpec(gpus=7),
+    ),
+    "fake-gpu-busy": (
+        FindingId.GPU_BUSY,
+        "fake-gpu, a process holds 30000 MiB on GPU 0",
+        FakeGpuSpec(
+            fields={0: {"memory.used": "30000"}},
+            processes=(FakeProcess(pid=48213, name="python3", used_mib=30000, gpu=0),),
+        ),
+    ),
+    "fake-gpu-no-driver": (
+        FindingId.NVIDIA_SMI_FAILED,
+        "fake-gpu's nvidia-smi fails: the driver is not loaded",
+        FakeGpuSpec(driver_loaded=False),
+    ),
+}
+"""The simulated-GPU faults: `fake-gpu` and one variant per GPU finding, each changing only
+what it names."""
 
 
 FAULTS: dict[str, FaultKind] = {
@@ -117,6 +215,10 @@ FAULTS: dict[str, FaultKind] = {
         "last",
         "non-interactive ssh gets PATH=/usr/bin:/bin:/usr/sbin:/sbin and no ~/.bashrc",
     ),
+    **{
+        name: FaultKind(pitfall, "last", what, gpus)
+        for name, (pitfall, what, gpus) in _GPUS.items()
+    },
 }
 
 SLOW_LINK_RATE = "50mbit"
