@@ -8,6 +8,8 @@ nvidia-smi and dmesg are sandbox/fakegpu.py answering as a recorded H200, laid o
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -44,11 +46,6 @@ SANDBOX = {
     "faults": ["fake-gpu@2", *(f"{name}@{k}" for k, name in enumerate(VARIANTS, 3))],
 }
 HOST = {name: f"gpu-node-{k}" for k, name in enumerate(VARIANTS, 3)}
-REPORTED_BEFORE_GPU37 = {"fake-gpu-count", "fake-gpu-busy"}
-"""doctor/checks/resources.py's older checks already name these."""
-NEEDS_GPU37 = pytest.mark.xfail(
-    reason="doctor's GPU health checks land on branch gpu37", strict=False
-)
 
 
 def test_every_gpu_fault_is_expected_to_cause_the_id_faults_py_gives_it():
@@ -76,15 +73,44 @@ def report(module_sandbox):
     return run_doctor(load_cluster(cluster_file=str(module_sandbox.cluster_file)), quick=True)
 
 
-def _marks(name: str) -> list[pytest.MarkDecorator]:
-    if name == "fake-gpu-old-driver":  # nothing to compare the driver's CUDA 11.4 with
-        return [pytest.mark.xfail(reason="the sandbox's torch is a CPU build", strict=False)]
-    return [] if name in REPORTED_BEFORE_GPU37 else [NEEDS_GPU37]
-
-
-@pytest.mark.parametrize(
-    "name", [pytest.param(name, marks=_marks(name)) for name in VARIANTS], ids=str
-)
+@pytest.mark.parametrize("name", VARIANTS)
 def test_doctor_names_each_gpu_finding_on_its_node_alone(report, name):
     nodes = {node for f in report.findings if f.id == EXPECTED[name] for node in f.nodes}
     assert nodes == {HOST[name]}, report.findings
+
+
+ALLREDUCE = """\
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.ones(1)
+dist.all_reduce(t)
+print("world", dist.get_world_size(), "sum", int(t.item()), flush=True)
+"""
+
+
+def test_launch_stops_before_anything_starts_and_runs_with_the_named_gpu_left_out(
+    make_sandbox, tmp_path
+):
+    """4 slots per node; GPU 3 of node 2 has uncorrected ECC errors. The launch is refused
+    with the `-e` that leaves it out; given that `-e`, 7 ranks run (on CPU: the GPUs are
+    simulated, the ranks use gloo)."""
+    box = make_sandbox(nodes=2, slots=4, faults=["fake-gpu-ecc@2"])
+    script = tmp_path / "allreduce.py"
+    script.write_text(ALLREDUCE)
+
+    def launch(*args: str) -> tuple[int, str]:
+        run_dir = tmp_path / f"run{len(args)}"
+        argv = [sys.executable, "-m", "trainfleet", "launch", "-c", str(box.cluster_file),
+                "--run-dir", str(run_dir), *args, "--", str(script)]  # fmt: skip
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=240, cwd=tmp_path)
+        return done.returncode, done.stdout + done.stderr
+
+    code, out = launch()
+    assert code != 0, out
+    assert "the preflight doctor found errors; nothing was started" in out, out
+    assert "gpu-ecc-uncorrected" in out and "leave the GPU out (-e gpu-node-2:3)" in out, out
+    assert "world" not in out
+
+    code, out = launch("-e", "gpu-node-2:3")
+    assert code == 0, out
+    assert out.count("world 7 sum 7") == 7, out

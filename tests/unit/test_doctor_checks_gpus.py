@@ -8,6 +8,7 @@ one value per field, as eight GPUs, with one field changed per fault.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -77,7 +78,7 @@ def h200_node(count: int = 8, *, change: dict[int, dict[str, str]] | None = None
 
 @pytest.fixture
 def survey(tmp_path):
-    return make_survey(tmp_path)
+    return make_survey(tmp_path, slots=dict.fromkeys((N1, N2, N3), 8))
 
 
 def _with(survey, **answers):
@@ -123,6 +124,20 @@ def test_uncorrected_ecc_errors_are_an_error_naming_the_gpu_to_leave_out(survey)
         evidence=["GPU 3 (00000000:48:00.0): 2 uncorrected ECC error(s)"],
         fix=["-e gpu-node-2:3", "nvidia-smi -r"],
     )
+
+
+def test_a_gpu_left_out_of_the_slots_is_not_judged(survey):
+    """What the fix says works: with `-e gpu-node-2:3` the node's slots skip GPU 3."""
+    bad = h200_node(change={3: {"ecc.errors.uncorrected.volatile.total": "2"}})
+    survey = _with(survey, gpu_node_2=bad)
+    nodes = [
+        dataclasses.replace(n, slots=7, gpu_ids=(0, 1, 2, 4, 5, 6, 7)) if n.host == N2 else n
+        for n in survey.cluster.nodes
+    ]
+    left_out = dataclasses.replace(
+        survey, cluster=dataclasses.replace(survey.cluster, nodes=tuple(nodes))
+    )
+    assert checks.check_ecc(survey) and checks.check_ecc(left_out) == []
 
 
 @pytest.mark.parametrize(
@@ -215,7 +230,7 @@ def test_a_driver_older_than_torchs_cuda(survey, torch, driver_cuda, severity):
         severity,
         (N2,),
         evidence=[f"supports CUDA up to {driver_cuda}", torch],
-        fix=[f"whl/cu{driver_cuda.replace('.', '')}"],
+        fix=[f"supports CUDA {torch[-3:-1]}.{torch[-1]}", f"CUDA {driver_cuda} or older"],
     )
 
 

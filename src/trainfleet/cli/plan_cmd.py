@@ -41,10 +41,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_cluster_arguments(parser)
     where = parser.add_argument_group("hardware (instead of, or on top of, a cluster)")
     where.add_argument("--nodes", type=int, help="default: the cluster's nodes, else 1")
-    where.add_argument("--gpus-per-node", type=int, help="default: the cluster's slots, else 8")
+    where.add_argument(
+        "--gpus-per-node",
+        type=int,
+        help="default: the cluster's slots, else this machine's GPUs, else 8",
+    )
     # The GPU table is not imported here: building the parser stays light for every command.
     where.add_argument(
-        "--gpu", help="H100, A100, H20, H200... (default H100; a wrong name lists all)"
+        "--gpu",
+        help="H100, A100, H20, H200... (default: this machine's GPU, else H100; a wrong name "
+        "lists all)",
     )
     where.add_argument("--gpu-memory", metavar="SIZE", help="per GPU, e.g. 80GiB; overrides --gpu")
     where.add_argument("--gpu-tflops", type=float, help="dense bf16 peak; overrides --gpu")

@@ -357,6 +357,20 @@ def _fake_gpus(sandbox: Sandbox, index: int) -> fakegpu.FakeGpuSpec | None:
     return specs[0][1] if specs else None
 
 
+def _claimed_torch(sandbox: Sandbox, index: int, directory: Path) -> tuple[Path, Path] | None:
+    """(the layer, site-packages) where node `index`'s fake GPUs claim a torch build."""
+    gpus = _fake_gpus(sandbox, index)
+    if gpus is None or gpus.torch is None:
+        return None
+    try:
+        return fakegpu.torch_claim(directory, gpus.torch)
+    except (ImportError, FileNotFoundError, OSError) as exc:
+        raise SandboxError(
+            f"fake-gpu on node {index}: cannot claim torch {gpus.torch} ({exc})",
+            "install torch in the python that runs trainfleet (make test does)",
+        ) from None
+
+
 def _root_shell() -> str:
     for line in Path("/etc/passwd").read_text().splitlines():
         fields = line.split(":")
@@ -484,6 +498,9 @@ def _start_sshds(sandbox: Sandbox) -> None:
                     "set TRAINFLEET_SANDBOX_DIR to a path without them",
                 )
             script = f'mount -t overlay overlay -o "lowerdir=$9:/usr/bin" /usr/bin && {script}'
+        claimed = _claimed_torch(sandbox, node.index, node_dir / FAKE_GPU_DIR)
+        if claimed is not None:  # this node's torch metadata says a CUDA build
+            script = f'mount -t overlay overlay -o "lowerdir=${{10}}:${{11}}" "${{11}}" && {script}'
         argv = netns.in_netns(
             node.netns,
             [
@@ -491,7 +508,7 @@ def _start_sshds(sandbox: Sandbox) -> None:
                 said or node.hostname, netns.SSHD, str(node_dir / "sshd_config"),
                 str(node_dir / "sshd.log"), str(node_dir / "local"),
                 sandbox.node_local_dir or "", str(node_dir / "home"), str(sandbox.home),
-                str(fake_bin),
+                str(fake_bin), *(str(path) for path in claimed or ()),
             ],
         )  # fmt: skip
         starting.append(

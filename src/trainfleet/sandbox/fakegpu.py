@@ -26,7 +26,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shlex
+import shutil
+import stat
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -178,6 +181,11 @@ class FakeGpuSpec:
     """Kernel messages `dmesg` prints after the driver's, e.g. `xid_line(...)`."""
     driver_loaded: bool = True
     """False: every nvidia-smi command fails as without a loaded driver (NO_DRIVER)."""
+    torch: str | None = None
+    """The version the node's torch metadata claims (a CUDA build's, e.g. "2.11.0+cu130"),
+    for the faults judged against torch's CUDA. No CUDA torch can be installed here: the
+    sandbox lays a dist-info of this version over its CPU build's, in that node's mount
+    namespace alone (`torch_claim`). None: the real one."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.gpus <= 16:
@@ -426,6 +434,31 @@ def dmesg(spec: FakeGpuSpec, args: list[str]) -> Answer:
 
 
 PROGRAMS = {"nvidia-smi": nvidia_smi, "dmesg": dmesg}
+
+
+def torch_claim(directory: Path, version: str) -> tuple[Path, Path]:
+    """(a layer for the installed torch's site-packages, that directory): in the layer, torch's
+    dist-info renamed for `version` with that Version in its METADATA, and a whiteout hiding
+    the real one. Laid over site-packages (overlayfs), the node's package metadata, which the
+    probe reads from dist-info names, says `version`; the torch package itself is untouched."""
+    from importlib import metadata
+
+    distribution = metadata.distribution("torch")
+    files = distribution.files or ()
+    record = next((f for f in files if f.name == "METADATA" and f.parent.name.endswith(
+        ".dist-info")), None)  # fmt: skip
+    if record is None:
+        raise FileNotFoundError("torch's METADATA is not among its installed files")
+    real = Path(str(distribution.locate_file(record))).parent
+    layer = directory / "torch-claim"
+    claimed = layer / f"torch-{version}.dist-info"
+    shutil.copytree(real, claimed)
+    text = (claimed / "METADATA").read_text().splitlines(keepends=True)
+    (claimed / "METADATA").write_text(
+        "".join(f"Version: {version}\n" if line.startswith("Version:") else line for line in text)
+    )
+    os.mknod(layer / real.name, 0o600 | stat.S_IFCHR, os.makedev(0, 0))  # overlayfs: whiteout
+    return layer, real.parent
 
 
 def write_wrappers(directory: Path, spec: FakeGpuSpec, python: str = sys.executable) -> Path:

@@ -67,9 +67,9 @@ _GPUS: dict[str, tuple[FindingId | None, str, FakeGpuSpec]] = {
     ),
     "fake-gpu-old-driver": (
         FindingId.CUDA_DRIVER_TOO_OLD,
-        "fake-gpu on driver 470.256.02 (CUDA 11.4, old clock reason names); found where torch "
-        "is a CUDA 12/13 build (the sandbox's is a CPU build)",
-        FakeGpuSpec(driver="470.256.02", cuda="11.4", old_clock_names=True),
+        "fake-gpu on driver 470.256.02 (CUDA 11.4, old clock reason names), its torch "
+        "metadata claiming a CUDA 13.0 build (2.11.0+cu130)",
+        FakeGpuSpec(driver="470.256.02", cuda="11.4", old_clock_names=True, torch="2.11.0+cu130"),
     ),
     "fake-gpu-nvlink": (
         FindingId.NVLINK_DOWN,

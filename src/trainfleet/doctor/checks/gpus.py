@@ -10,7 +10,8 @@ remapped, a fatal Xid, MIG mode, a driver older than torch's CUDA); warnings wha
 (an NVLink or PCIe link running below what the GPU has, clocks held down, persistence off,
 drivers that differ). A fault of one GPU is fixed for now by leaving that GPU out: the fix names
 the DeepSpeed-style `-e NODE:GPU` that `launch` and `train` take. The facts come from one
-nvidia-smi query per node (`node/gpus.py`); what a node's nvidia-smi did not say is not judged.
+nvidia-smi query per node (`node/gpus.py`); what a node's nvidia-smi did not say is not judged,
+nor a GPU the node's slots do not use.
 """
 
 from __future__ import annotations
@@ -62,6 +63,13 @@ def _gpus(survey: Survey) -> Iterator[tuple[str, Gpus]]:
             yield host, facts.gpus
 
 
+def _in_use(survey: Survey, host: str, gpus: Gpus) -> list[Gpu]:
+    """The node's GPUs its slots run on (`-i`/`-e` and slots=N choose them): a GPU left out
+    is not the job's problem, so leaving out a faulty one lets the launch go ahead."""
+    used = set(survey.cluster.node(host).gpu_ids)
+    return [gpu for gpu in gpus.devices if gpu.index in used]
+
+
 def _per_gpu(
     survey: Survey,
     *,
@@ -74,7 +82,7 @@ def _per_gpu(
     evidence: list[str] = []
     found: dict[str, list[int]] = {}
     for host, gpus in _gpus(survey):
-        for gpu in gpus.devices:
+        for gpu in _in_use(survey, host, gpus):
             words = bad(gpu)
             if words is not None:
                 evidence.append(f"{host} {gpu.label}: {words}")
@@ -160,10 +168,13 @@ def check_xid(survey: Survey) -> list[Finding]:
     findings = []
     for host, gpus in _gpus(survey):
         by_bus = {_bus(gpu.bus_id): gpu for gpu in gpus.devices if gpu.bus_id}
+        in_use = _in_use(survey, host, gpus)
         fatal: dict[str, list[int]] = {}
         evidence: dict[Severity, list[str]] = {Severity.ERROR: [], Severity.WARNING: []}
         for xid in gpus.xid:
             gpu = by_bus.get(_bus(xid.bus_id))
+            if gpu is not None and gpu not in in_use:
+                continue
             where = gpu.label if gpu else f"the GPU at {xid.bus_id}"
             what = FATAL_XIDS.get(xid.code, "see NVIDIA's Xid catalog")
             severity = Severity.ERROR if xid.code in FATAL_XIDS else Severity.WARNING
@@ -244,9 +255,9 @@ def check_cuda_driver(survey: Survey) -> list[Finding]:
                         "kernels compiled at run time)"
                     )
                 ],
-                fix=f"upgrade the driver on {host}, or install the torch built for CUDA "
-                f"{gpus.cuda_version} or older there (pip install torch --index-url "
-                f"https://download.pytorch.org/whl/cu{gpus.cuda_version.replace('.', '')})",
+                fix=f"upgrade the driver on {host} to one that supports CUDA {built}, or "
+                f"install a torch built for CUDA {gpus.cuda_version} or older there (the "
+                "builds and their pip commands: https://pytorch.org/get-started/previous-versions/)",
             )
         )
     return findings
@@ -284,7 +295,7 @@ def check_nvlink(survey: Survey) -> list[Finding]:
     for host, gpus in _gpus(survey):
         if not any(gpu.nvlinks_up for gpu in gpus.devices):
             continue
-        for gpu in gpus.devices:
+        for gpu in _in_use(survey, host, gpus):
             if gpu.nvlinks_down:
                 links = ", ".join(map(str, gpu.nvlinks_down))
                 evidence.append(f"{host} {gpu.label}: NVLink {links} down, {gpu.nvlinks_up} up")
