@@ -210,7 +210,8 @@ def test_the_watchdog_judges_startup_by_the_startup_timeout_and_training_by_the_
     timeout is the bound again."""
     from trainfleet.cluster import load_cluster
     from trainfleet.launch import LaunchOptions, new_run_id, prepare
-    from trainfleet.launch.supervisor import RunState, _Run
+    from trainfleet.launch.result import RunState
+    from trainfleet.launch.supervisor import _Run
 
     options = LaunchOptions(command=("-c", "pass"), run_id=new_run_id(), hang_timeout=30.0,
                             startup_timeout=120.0)  # fmt: skip
@@ -311,7 +312,8 @@ def test_a_launcher_that_ends_0_with_no_rank_ever_started_is_no_success(tmp_path
 
     from trainfleet.cluster import load_cluster
     from trainfleet.launch import LaunchOptions, new_run_id, prepare
-    from trainfleet.launch.supervisor import RunState, _Run
+    from trainfleet.launch.result import RunState
+    from trainfleet.launch.supervisor import _Run
 
     class Ended:
         returncode = 0
