@@ -38,17 +38,15 @@ import json
 import math
 import os
 import sys
-import threading
 from collections.abc import Callable, Iterator
 from typing import IO, Any
 
-from trainfleet.node.shim import RUN_ID_ENV
+from trainfleet.node.shim import MARK, RUN_ID_ENV, SAVE_BEAT_EVERY_S, periodically
 
 HANG_TIMEOUT_S = 300.0
 """The default of `--hang-timeout` on `trainfleet launch` and `trainfleet train`: seconds
 without a step (or a phase's progress) after the first step before a run is HUNG. Only a run
 whose ranks beat is judged: a script that never calls `beat` is never stopped by it."""
-MARK = "@@trainfleet"  # the shim's; the launcher reads both
 STEPPING_PHASES = (None, "training")
 """Phases in which a rank beats at every step; before the first such beat a phase is startup
 (loading, tokenizing), after it another phase (saving) is not silence."""
@@ -88,9 +86,6 @@ def beat(
     stream.flush()
 
 
-SAVE_BEAT_EVERY_S = 10.0
-
-
 @contextlib.contextmanager
 def beating(
     step: int,
@@ -111,7 +106,6 @@ def beating(
     >>> '"phase_progress": 20' in out.getvalue()
     True
     """
-    stop = threading.Event()
 
     def progress() -> float | None:
         try:
@@ -119,18 +113,11 @@ def beating(
         except (OSError, StopIteration):
             return None
 
-    def loop() -> None:
-        while not stop.wait(every):
-            beat(step, phase=phase, phase_progress=progress(), **beat_fields)
+    def send() -> None:
+        beat(step, phase=phase, phase_progress=progress(), **beat_fields)
 
-    beat(step, phase=phase, phase_progress=progress(), **beat_fields)
-    thread = threading.Thread(target=loop, name=f"trainfleet-beat-{phase}", daemon=True)
-    thread.start()
-    try:
+    with periodically(send, every, f"trainfleet-beat-{phase}"):
         yield
-    finally:
-        stop.set()
-        thread.join()
 
 
 MAX_COUNT = 2**63 - 1

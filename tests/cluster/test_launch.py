@@ -216,7 +216,7 @@ def test_a_node_cut_off_by_a_link_down_stops_its_own_ranks(make_sandbox, tmp_pat
     """gpu-node-2's link goes down and stays down: the launcher gives up on it after ssh's
     keepalive (15 s) and cannot reach it to stop anything; the node's bootstrap, hearing no
     keepalive for LIFELINE_S, stops its ranks itself, while the link is still down."""
-    from trainfleet.launch.supervisor import KEEPALIVE_EVERY_S, LIFELINE_S
+    from trainfleet.launch.backend import KEEPALIVE_EVERY_S, LIFELINE_S
     from trainfleet.sandbox.netns import netns_pids
 
     box = make_sandbox(nodes=2)

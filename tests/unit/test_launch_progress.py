@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import time
 
 from trainfleet import heartbeat
@@ -142,10 +143,20 @@ def test_a_node_that_did_not_answer_says_so():
     assert where_it_waits(dumps[1]) == "no stack: the node did not answer (connect timed out)"
 
 
-def test_heartbeats_carry_the_mark_the_launcher_reads():
+def test_heartbeats_carry_the_mark_the_launcher_reads(monkeypatch, capsys):
+    """The shim's beats (an unchanged Trainer's) and a script's `heartbeat.beat` are one
+    format: the same prefix, a payload `heartbeat.read` takes the same way."""
     from trainfleet.node import shim
 
-    assert heartbeat.MARK == shim.MARK  # the shim runs without trainfleet, so it has its own
+    monkeypatch.setenv(shim.RUN_ID_ENV, "r1")
+    monkeypatch.setenv("RANK", "3")
+    shim.beat(12, loss=1.5, phase=None)
+    heartbeat.beat(12, loss=1.5)
+    lines = capsys.readouterr().err.splitlines()
+    prefix = f"{shim.MARK}:r1:beat:3:"
+    assert len(lines) == 2 and all(line.startswith(prefix) for line in lines), lines
+    read = [heartbeat.read(line[len(prefix) :]) for line in lines]
+    assert read[0] == read[1] == ({"step": 12, "pid": os.getpid(), "loss": 1.5}, [])
 
 
 def test_a_launch_gives_the_callers_signal_handlers_back(tmp_path):
@@ -199,7 +210,8 @@ def test_the_watchdog_judges_startup_by_the_startup_timeout_and_training_by_the_
     timeout is the bound again."""
     from trainfleet.cluster import load_cluster
     from trainfleet.launch import LaunchOptions, new_run_id, prepare
-    from trainfleet.launch.supervisor import RunState, _Run
+    from trainfleet.launch.result import RunState
+    from trainfleet.launch.supervisor import _Run
 
     options = LaunchOptions(command=("-c", "pass"), run_id=new_run_id(), hang_timeout=30.0,
                             startup_timeout=120.0)  # fmt: skip
@@ -300,7 +312,8 @@ def test_a_launcher_that_ends_0_with_no_rank_ever_started_is_no_success(tmp_path
 
     from trainfleet.cluster import load_cluster
     from trainfleet.launch import LaunchOptions, new_run_id, prepare
-    from trainfleet.launch.supervisor import RunState, _Run
+    from trainfleet.launch.result import RunState
+    from trainfleet.launch.supervisor import _Run
 
     class Ended:
         returncode = 0

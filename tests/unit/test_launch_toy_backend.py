@@ -26,9 +26,8 @@ from trainfleet.cli.main import main
 from trainfleet.cluster import Cluster
 from trainfleet.doctor import DoctorReport, NodeSummary
 from trainfleet.launch import backends
-from trainfleet.launch.backend import Channel, StopBy, head_line
+from trainfleet.launch.backend import LIFELINE_S, Channel, StopBy, head_line
 from trainfleet.launch.options import LaunchFacts, LaunchOptions
-from trainfleet.launch.supervisor import LIFELINE_S
 from trainfleet.node import bootstrap
 
 pytestmark = pytest.mark.unit

@@ -42,7 +42,8 @@ from trainfleet.launch.backends import BACKENDS, backend_for
 from trainfleet.launch.masking import masked, masked_argv
 from trainfleet.launch.options import LaunchFacts, LaunchOptions
 from trainfleet.launch.output import TextOut
-from trainfleet.launch.supervisor import LaunchResult, RunState, supervise
+from trainfleet.launch.result import LaunchResult, RunState
+from trainfleet.launch.supervisor import supervise
 
 __all__ = [
     "BACKENDS",

@@ -39,6 +39,13 @@ class ChannelLine:
     """(node, exit code) where the line reports a node's end (pdsh's `ssh exited with`)."""
 
 
+KEEPALIVE_EVERY_S = 5.0
+LIFELINE_S = 30.0
+"""A bootstrap that has heard nothing from the launcher for this long stops its node's job
+(`bootstrap.py`): the launcher writes an empty line to each every KEEPALIVE_EVERY_S. The
+launcher's side gives up on a silent node after 15 s (ssh's ServerAliveInterval=5 x 3)."""
+
+
 class StopBy(enum.Enum):
     """How the supervisor asks a channel's process to stop; past the grace period it kills
     whatever is left of it here, either way."""

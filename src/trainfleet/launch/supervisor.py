@@ -35,7 +35,7 @@ from pathlib import Path
 
 from trainfleet.catalog import FindingId
 from trainfleet.launch import watchdogs
-from trainfleet.launch.backend import Channel, Plan
+from trainfleet.launch.backend import KEEPALIVE_EVERY_S, LIFELINE_S, Channel, Plan
 from trainfleet.launch.output import MergedOutput, TextOut, pump
 from trainfleet.launch.result import SSH_DROPPED, LaunchResult, RunState, channel_end, exit_code
 from trainfleet.launch.runfacts import RunFacts
@@ -44,11 +44,6 @@ from trainfleet.untrusted import printable
 CUT_OFF_AFTER_S = 5
 """After a node's grace period: how long before its ssh is killed."""
 STATUS_EVERY_S = 1.0
-KEEPALIVE_EVERY_S = 5.0
-LIFELINE_S = 30.0
-"""A bootstrap that has heard nothing from the launcher for this long stops its node's job
-(`bootstrap.py`): the launcher writes an empty line to each every KEEPALIVE_EVERY_S. The
-launcher's side gives up on a silent node after 15 s (ssh's ServerAliveInterval=5 x 3)."""
 
 
 class _Run:

@@ -5,7 +5,6 @@ stop. Each says what it found through `note` (the merged output's `trainfleet:` 
 returns it; the supervisor acts on it.
 
     >>> from trainfleet.launch.progress import Progress
-from trainfleet.launch.runfacts import Joins
     >>> progress = Progress(run_id="r1", ranks={"n1": range(0, 2)}, started_at=0.0)
     >>> progress.beat(0, {"step": 3}, now=100.0); progress.beat(1, {"step": 3}, now=100.0)
     >>> hang = hung(progress, all_exited=False, startup_timeout=None, hang_timeout=30.0,

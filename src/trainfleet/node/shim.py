@@ -132,7 +132,8 @@ def wrap_baton(file_baton):
     file_baton.FileBaton.wait = wait
 
 
-SAVE_BEAT_EVERY_S = 10.0  # heartbeat.SAVE_BEAT_EVERY_S: a save's beats
+SAVE_BEAT_EVERY_S = 10.0
+"""How often a long phase (a checkpoint save) beats its progress, here and in `heartbeat`."""
 FLIGHT_RECORD_POLL_S = 0.5
 FLIGHT_RECORD_KEEP = 8
 """Entries kept per process group in a summary (the last ones, and every one not complete)."""
@@ -293,7 +294,6 @@ def saving_beats(step, folder):
     """Beat phase `saving` now and every SAVE_BEAT_EVERY_S seconds with the bytes under
     `folder` so far (heartbeat.beating's rule: each increase is progress), until the block
     ends."""
-    stop = threading.Event()
 
     def written():
         total = 0
@@ -305,12 +305,25 @@ def saving_beats(step, folder):
                     pass  # removed while the save renames its files
         return total
 
-    def loop():
-        while not stop.wait(SAVE_BEAT_EVERY_S):
-            beat(step, phase="saving", phase_progress=written())
+    def send():
+        beat(step, phase="saving", phase_progress=written())
 
-    beat(step, phase="saving", phase_progress=0)
-    thread = threading.Thread(target=loop, name="trainfleet-saving-beats", daemon=True)
+    with periodically(send, SAVE_BEAT_EVERY_S, "trainfleet-saving-beats"):
+        yield
+
+
+@contextlib.contextmanager
+def periodically(send, every, name):
+    """send() now, then every `every` seconds from a daemon thread, until the block ends: the
+    beats of a long phase (here, and `trainfleet.heartbeat.beating` for scripts)."""
+    stop = threading.Event()
+
+    def loop():
+        while not stop.wait(every):
+            send()
+
+    send()
+    thread = threading.Thread(target=loop, name=name, daemon=True)
     thread.start()
     try:
         yield

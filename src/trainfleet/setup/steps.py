@@ -19,7 +19,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 from trainfleet.cluster import Cluster
 from trainfleet.errors import SetupError
@@ -70,19 +69,15 @@ class StepOptions:
     """sync: the code directory (default: cluster.yaml's workdir)."""
 
 
-class RunStep(Protocol):
-    """How a step runs: its library function called with what `options` holds for it."""
+@dataclass(frozen=True, slots=True)
+class StepCall:
+    """One step's run: the cluster, the user's options and how the run goes."""
 
-    def __call__(
-        self,
-        cluster: Cluster,
-        options: StepOptions,
-        /,
-        *,
-        cluster_file: str | None,
-        dry_run: bool,
-        confirm: Confirm,
-    ) -> SetupResult: ...
+    cluster: Cluster
+    options: StepOptions
+    cluster_file: str | None
+    dry_run: bool
+    confirm: Confirm
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,12 +85,24 @@ class Step:
     name: str
     help: str
     """One line for `trainfleet setup --help`'s list of steps."""
-    run: RunStep
+    body: Callable[[StepCall], SetupResult]
+    """Its library function called with what the options hold for it."""
 
     @property
     def command(self) -> str:
         """The trainfleet command that runs this step alone."""
         return self.name if self.name == "sync" else f"setup {self.name}"
+
+    def run(
+        self,
+        cluster: Cluster,
+        options: StepOptions,
+        *,
+        cluster_file: str | None,
+        dry_run: bool,
+        confirm: Confirm,
+    ) -> SetupResult:
+        return self.body(StepCall(cluster, options, cluster_file, dry_run, confirm))
 
 
 def hostfile_out(options: StepOptions, cluster_file: str | None) -> str:
@@ -105,110 +112,95 @@ def hostfile_out(options: StepOptions, cluster_file: str | None) -> str:
     return str(Path(cluster_file).parent / "hostfile") if cluster_file else "hostfile"
 
 
-def _ssh(
-    cluster: Cluster,
-    options: StepOptions,
-    *,
-    cluster_file: str | None,
-    dry_run: bool,
-    confirm: Confirm,
-) -> SetupResult:
+def _ssh(call: StepCall) -> SetupResult:
     from trainfleet.setup.trust import setup_ssh
 
-    return setup_ssh(cluster, confirm=confirm, password=options.password,
-                     trusted_file=options.known_hosts, dry_run=dry_run)  # fmt: skip
+    return setup_ssh(
+        call.cluster,
+        confirm=call.confirm,
+        password=call.options.password,
+        trusted_file=call.options.known_hosts,
+        dry_run=call.dry_run,
+    )
 
 
-def _hostfile(
-    cluster: Cluster,
-    options: StepOptions,
-    *,
-    cluster_file: str | None,
-    dry_run: bool,
-    confirm: Confirm,
-) -> SetupResult:
+def _hostfile(call: StepCall) -> SetupResult:
     from trainfleet.setup.hostfile import setup_hostfile
 
-    return setup_hostfile(cluster, hostfile_out=hostfile_out(options, cluster_file),
-                          cluster_in=cluster_file, cluster_out=options.cluster_out,
-                          cpu_slots=options.cpu_slots, dry_run=dry_run)  # fmt: skip
+    return setup_hostfile(
+        call.cluster,
+        hostfile_out=hostfile_out(call.options, call.cluster_file),
+        cluster_in=call.cluster_file,
+        cluster_out=call.options.cluster_out,
+        cpu_slots=call.options.cpu_slots,
+        dry_run=call.dry_run,
+    )
 
 
-def _env(
-    cluster: Cluster,
-    options: StepOptions,
-    *,
-    cluster_file: str | None,
-    dry_run: bool,
-    confirm: Confirm,
-) -> SetupResult:
+def _env(call: StepCall) -> SetupResult:
     from trainfleet.setup.env import setup_env
 
-    return setup_env(cluster, cluster_in=cluster_file, cluster_out=options.cluster_out,
-                     dry_run=dry_run)  # fmt: skip
+    return setup_env(
+        call.cluster,
+        cluster_in=call.cluster_file,
+        cluster_out=call.options.cluster_out,
+        dry_run=call.dry_run,
+    )
 
 
-def _pyenv(
-    cluster: Cluster,
-    options: StepOptions,
-    *,
-    cluster_file: str | None,
-    dry_run: bool,
-    confirm: Confirm,
-) -> SetupResult:
+def _pyenv(call: StepCall) -> SetupResult:
     from trainfleet.setup.pyenv import setup_pyenv
 
-    return setup_pyenv(cluster, target=options.venv, packages=list(options.packages),
-                       requirements=options.requirements, wheel_dirs=list(options.wheel_dirs),
-                       confirm=confirm, cluster_in=cluster_file, cluster_out=options.cluster_out,
-                       dry_run=dry_run, ds_ops=options.ds_ops)  # fmt: skip
+    return setup_pyenv(
+        call.cluster,
+        target=call.options.venv,
+        packages=list(call.options.packages),
+        requirements=call.options.requirements,
+        wheel_dirs=list(call.options.wheel_dirs),
+        confirm=call.confirm,
+        cluster_in=call.cluster_file,
+        cluster_out=call.options.cluster_out,
+        dry_run=call.dry_run,
+        ds_ops=call.options.ds_ops,
+    )
 
 
-def _firewall(
-    cluster: Cluster,
-    options: StepOptions,
-    *,
-    cluster_file: str | None,
-    dry_run: bool,
-    confirm: Confirm,
-) -> SetupResult:
+def _firewall(call: StepCall) -> SetupResult:
     from trainfleet.setup.fwapply import setup_firewall
 
-    return setup_firewall(cluster, mode=options.firewall_mode, state_file=options.state_file,
-                          cluster_in=cluster_file, confirm=confirm, dry_run=dry_run)  # fmt: skip
+    return setup_firewall(
+        call.cluster,
+        mode=call.options.firewall_mode,
+        state_file=call.options.state_file,
+        cluster_in=call.cluster_file,
+        confirm=call.confirm,
+        dry_run=call.dry_run,
+    )
 
 
-def _hosts(
-    cluster: Cluster,
-    options: StepOptions,
-    *,
-    cluster_file: str | None,
-    dry_run: bool,
-    confirm: Confirm,
-) -> SetupResult:
+def _hosts(call: StepCall) -> SetupResult:
     from trainfleet.setup.etchosts import setup_hosts
 
-    return setup_hosts(cluster, revert=options.revert, state_file=options.state_file,
-                       cluster_in=cluster_file, confirm=confirm, dry_run=dry_run)  # fmt: skip
+    return setup_hosts(
+        call.cluster,
+        revert=call.options.revert,
+        state_file=call.options.state_file,
+        cluster_in=call.cluster_file,
+        confirm=call.confirm,
+        dry_run=call.dry_run,
+    )
 
 
-def _sync(
-    cluster: Cluster,
-    options: StepOptions,
-    *,
-    cluster_file: str | None,
-    dry_run: bool,
-    confirm: Confirm,
-) -> SetupResult:
+def _sync(call: StepCall) -> SetupResult:
     from trainfleet.setup.sync import sync_code
 
-    directory = options.code_dir or cluster.workdir
+    directory = call.options.code_dir or call.cluster.workdir
     if directory is None:  # setup.every skips the step then; a caller of the table may not
         raise SetupError(
             "no code directory named",
             "pass --code DIR (or set `workdir:` in cluster.yaml)",
         )
-    return sync_code(cluster, directory, confirm=confirm, dry_run=dry_run)
+    return sync_code(call.cluster, directory, confirm=call.confirm, dry_run=call.dry_run)
 
 
 STEPS: tuple[Step, ...] = (

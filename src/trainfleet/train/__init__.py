@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from trainfleet.doctor import DoctorReport
     from trainfleet.doctor.facts import NodeFacts
     from trainfleet.launch.backend import Plan
-    from trainfleet.launch.supervisor import LaunchResult
+    from trainfleet.launch.result import LaunchResult
 
 __all__ = ["TrainConfig", "check_model_dir", "load_train_config", "run_train"]
 

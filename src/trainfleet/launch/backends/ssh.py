@@ -30,11 +30,10 @@ from trainfleet import node as node_programs
 from trainfleet.cluster import Cluster
 from trainfleet.doctor import DoctorReport
 from trainfleet.launch import environment
-from trainfleet.launch.backend import Channel, LaunchBackend, StopBy, head_line
+from trainfleet.launch.backend import LIFELINE_S, Channel, LaunchBackend, StopBy, head_line
 from trainfleet.launch.backends import over_ssh
 from trainfleet.launch.masking import masked, masked_argv
 from trainfleet.launch.options import LaunchFacts, LaunchOptions, master_port
-from trainfleet.launch.supervisor import LIFELINE_S
 from trainfleet.node import bootstrap, isolated, shim
 from trainfleet.remote import node_argv
 
