@@ -20,7 +20,8 @@ GIB = 2**30
 
 
 def _facts(mem_available: dict[str, int], gpu_gib: int | None = 96, gpus: int = 8) -> dict:
-    devices = [{"name": "NVIDIA H20", "memory.total": str(gpu_gib * 1024)}] * gpus if gpu_gib else []
+    device = {"name": "NVIDIA H20", "memory.total": str((gpu_gib or 0) * 1024)}
+    devices = [device] * gpus if gpu_gib else []
     return {
         host: facts_of({"memory": {"MemAvailable": available}, "gpus": {"devices": devices}}, host)
         for host, available in mem_available.items()
