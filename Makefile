@@ -9,7 +9,8 @@ VENV      := .venv
 BIN       := $(VENV)/bin
 STAMP     := $(VENV)/.installed
 SYSSTAMP  := $(VENV)/.system-packages
-SYSPKGS   := openssh-server openssh-client iproute2 iptables pdsh procps openssl rsync sudo
+SYSPKGS   := openssh-server openssh-client iproute2 iptables pdsh procps openssl rsync sudo \
+             munge slurmctld slurmd slurm-client
 # The CPU build of torch comes from a local file here; installing it first keeps pip from
 # pulling gigabytes of CUDA wheels for anything that depends on torch.
 TORCH_PIN ?= torch==2.13.0

@@ -1,9 +1,12 @@
-"""Fold node names into ranges, as clush does: gpu-node-1, gpu-node-2, gpu-node-3 -> gpu-node-[1-3].
+"""Fold node names into ranges, as clush does: gpu-node-1, gpu-node-2, gpu-node-3 -> gpu-node-[1-3],
+and expand such a list again, as Slurm writes SLURM_JOB_NODELIST.
 
 >>> fold_names(["gpu-node-1", "gpu-node-2", "gpu-node-3", "gpu-node-5", "login"])
 'gpu-node-[1-3,5],login'
 >>> fold_groups({"gpu-node-1": "ok", "gpu-node-2": "ok", "gpu-node-3": "down"})
 [('gpu-node-[1-2]', 'ok'), ('gpu-node-3', 'down')]
+>>> expand_names("gpu-node-[1-3,5],login")
+['gpu-node-1', 'gpu-node-2', 'gpu-node-3', 'gpu-node-5', 'login']
 """
 
 from __future__ import annotations
@@ -66,3 +69,60 @@ def fold_groups(values: Mapping[str, V]) -> list[tuple[str, V]]:
     for node, value in values.items():
         by_value.setdefault(value, []).append(node)
     return [(fold_names(nodes), value) for value, nodes in by_value.items()]
+
+
+_GROUP = re.compile(r"\[([^\[\]]*)\]")
+
+
+def expand_names(hostlist: str) -> list[str]:
+    """Slurm's hostlist syntax as names, in its order: commas outside brackets separate
+    entries, each bracket a set of numbers and ranges (zero padding kept), several brackets in
+    one entry their product, as `scontrol show hostnames` prints them (no scontrol needed:
+    it is missing inside many containers).
+
+    >>> expand_names("n[01-03]-ib,rack[1-2]-n[1-2]")
+    ['n01-ib', 'n02-ib', 'n03-ib', 'rack1-n1', 'rack1-n2', 'rack2-n1', 'rack2-n2']
+    >>> expand_names("gpu-node-[3-1]")
+    Traceback (most recent call last):
+    ...
+    ValueError: gpu-node-[3-1]: range 3-1 runs backwards
+    """
+    names: list[str] = []
+    for entry in _entries(hostlist):
+        found = _GROUP.search(entry)
+        if found is None:
+            if "[" in entry or "]" in entry:
+                raise ValueError(f"{entry}: unbalanced brackets")
+            names.append(entry)
+            continue
+        head, tail = entry[: found.start()], entry[found.end() :]
+        names += [name for number in _numbers(entry, found.group(1))
+                  for name in expand_names(head + number + tail)]  # fmt: skip
+    return names
+
+
+def _entries(hostlist: str) -> list[str]:
+    entries, depth, start = [], 0, 0
+    for at, char in enumerate(hostlist):
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            entries.append(hostlist[start:at])
+            start = at + 1
+    entries.append(hostlist[start:])
+    return [entry.strip() for entry in entries if entry.strip()]
+
+
+def _numbers(entry: str, ranges: str) -> list[str]:
+    numbers = []
+    for part in ranges.split(","):
+        low, _, high = part.partition("-")
+        if not low.isdigit() or (high and not high.isdigit()):
+            raise ValueError(f"{entry}: {part!r} is not a number or a range")
+        if not high:
+            numbers.append(low)
+            continue
+        if int(high) < int(low):
+            raise ValueError(f"{entry}: range {part} runs backwards")
+        width = len(low) if low.startswith("0") else 0
+        numbers += [str(n).zfill(width) for n in range(int(low), int(high) + 1)]
+    return numbers

@@ -16,6 +16,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from trainfleet.cluster import Cluster, load_cluster
+from trainfleet.cluster.slurm import allocation
 
 if TYPE_CHECKING:
     from trainfleet.doctor.findings import Finding
@@ -70,8 +71,9 @@ def add_startup_timeout_argument(parser: argparse.ArgumentParser) -> None:
 
 def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group(
-        "cluster (one of --hostfile, --cluster, --hosts; default: this machine alone, its GPUs"
-        " or CUDA_VISIBLE_DEVICES)"
+        "cluster (one of --hostfile, --cluster, --hosts; default: inside a Slurm allocation its"
+        " nodes, reached through srun; else this machine alone, its GPUs or"
+        " CUDA_VISIBLE_DEVICES)"
     )
     group.add_argument(
         "--hostfile", metavar="FILE", help="DeepSpeed/MPI hostfile: one `HOST slots=N` per line"
@@ -161,6 +163,8 @@ def cluster_from_args(args: argparse.Namespace) -> Cluster:
         # With no cluster source, this machine's slots are CUDA_VISIBLE_DEVICES, as DeepSpeed
         # reads it.
         visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+        # Inside a Slurm allocation (salloc, sbatch) its nodes are the default cluster.
+        slurm=allocation(os.environ),
     )
     if args.connect_timeout:
         nodes = tuple(

@@ -77,6 +77,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "password: fresh servers, only the test user's password works (see the state dir's "
         "`password`), nothing is trusted: what `trainfleet setup ssh` starts from",
     )
+    up.add_argument(
+        "--slurm",
+        action="store_true",
+        help="also a real Slurm: munge, slurmctld on node 1 and a slurmd on every node "
+        "(Debian's munge, slurmctld, slurmd and slurm-client packages); srun, sbatch and "
+        "salloc reach it with SLURM_CONF set as printed",
+    )
     for p in (
         up,
         sub.add_parser("down", help="remove everything `up` made"),
@@ -99,6 +106,7 @@ def _run_up(args: argparse.Namespace) -> int:
         login_shell=args.login_shell,
         node_local_dir=args.node_local_dir,
         auth=args.auth,
+        slurm=args.slurm,
     )
     if args.json:
         print(json.dumps(box.to_json(), indent=2))
@@ -112,6 +120,12 @@ def _run_up(args: argparse.Namespace) -> int:
         print(f"  {node.hostname:12} {node.address:15} {node.ifname:10}{extra}".rstrip())
     print(f"cluster.yaml: {box.cluster_file}")
     print(f"hostfile:     {box.hostfile}   (with --ssh-config {box.ssh_config})")
+    if box.slurm:
+        from trainfleet.sandbox.slurm import slurm_env
+
+        print(
+            f"slurm:        export SLURM_CONF={slurm_env(box)['SLURM_CONF']}   (then srun, sbatch)"
+        )
     for change in box.host_changes:  # the nodes share this machine's ARP table
         print(f"raised:       {change}   (room for every sandbox node's ARP entries)")
     if box.auth == "password":

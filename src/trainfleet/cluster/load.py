@@ -14,6 +14,7 @@ from pathlib import Path
 
 from trainfleet.cluster.hostfile import filter_nodes, parse_hostfile
 from trainfleet.cluster.model import Cluster, Node, SshOptions
+from trainfleet.cluster.slurm import Allocation
 from trainfleet.cluster.validate import SLOTS_RE, check_host, parse_slots
 from trainfleet.cluster.yaml_spec import parse_cluster_yaml, resolve_path
 from trainfleet.errors import SpecError
@@ -63,6 +64,7 @@ def load_cluster(
     num_gpus: int | None = None,
     visible_devices: str | None = None,
     local_gpus: int | None = None,
+    slurm: Allocation | None = None,
 ) -> Cluster:
     """The cluster from exactly one source (or this machine alone), filtered by include/exclude
     or cut by num_nodes/num_gpus, as DeepSpeed's runner does.
@@ -70,7 +72,9 @@ def load_cluster(
     `ssh_config` (an ssh config file, like `ssh -F`) applies to every node that does not name
     its own. `visible_devices` (the launch shell's CUDA_VISIBLE_DEVICES) gives this machine's
     slots when no source is given, as DeepSpeed's runner does; `local_gpus` is this machine's
-    GPU count (None: counted from /dev/nvidia*).
+    GPU count (None: counted from /dev/nvidia*). `slurm`: the allocation this runs in (from
+    its variables: `cluster.slurm.allocation`), whose nodes are the cluster when no source is
+    given; commands reach them as steps of its job.
     """
     _check_num_flags(num_nodes, num_gpus, include, exclude)
     given = [
@@ -94,6 +98,16 @@ def load_cluster(
     if cluster_file:
         cluster = parse_cluster_yaml(_read(cluster_file, "cluster file"), cluster_file)
         nodes = [replace(n, ssh=n.ssh.merged_over(base_ssh)) for n in cluster.nodes]
+    elif slurm is not None and not (hostfile or hosts):
+        slots = slurm.gpus_per_node or 1
+        nodes = [
+            Node(host=h, slots=slots, gpu_ids=tuple(range(slots)), python=python,
+                 ssh=base_ssh, slurm_job=slurm.job_id)
+            for h in slurm.hosts
+        ]  # fmt: skip
+        cluster = Cluster(
+            nodes=tuple(nodes), master=nodes[0].host, source=f"Slurm job {slurm.job_id}"
+        )
     else:
         if hostfile:
             pool = parse_hostfile(_read(hostfile, "hostfile"), hostfile)

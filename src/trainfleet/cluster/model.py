@@ -75,11 +75,24 @@ class Node:
     """Network interface for NCCL/gloo traffic, when the user pins it."""
     ssh: SshOptions = field(default_factory=SshOptions)
     """How to reach it."""
+    slurm_job: str | None = None
+    """The Slurm job whose allocation holds this node: commands reach it as a step of that job
+    (`srun --overlap`), not over ssh, which Slurm clusters block or limit to job holders."""
 
     @property
     def is_local(self) -> bool:
         """True when commands for this node run here directly, without ssh."""
-        return self.host in LOCAL_HOSTS and self.ssh.user is None and self.ssh.port is None
+        return (
+            self.host in LOCAL_HOSTS
+            and self.ssh.user is None
+            and self.ssh.port is None
+            and self.slurm_job is None
+        )
+
+    @property
+    def via_ssh(self) -> bool:
+        """True when commands for this node go through ssh (neither here nor through srun)."""
+        return not self.is_local and self.slurm_job is None
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)

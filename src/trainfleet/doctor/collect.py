@@ -104,7 +104,23 @@ def _resolve(name: str) -> str | None:
 
 def node_addresses(cluster: Cluster) -> dict[str, str | None]:
     names = ssh_hostnames(cluster.nodes)
-    return {host: _resolve(name) for host, name in names.items()}
+    addresses = {host: _resolve(name) for host, name in names.items()}
+    unknown = [n for n in cluster.nodes if addresses[n.host] is None and n.slurm_job]
+    if unknown:  # a login node need not resolve the compute nodes' names: they do
+        addresses.update(_own_addresses(unknown))
+    return addresses
+
+
+def _own_addresses(nodes: list[Node]) -> dict[str, str | None]:
+    """Each node's address as it resolves its own name (`getent ahostsv4`), never loopback."""
+    results = run_on_nodes(
+        nodes, {n.host: ["getent", "ahostsv4", n.host] for n in nodes}, timeout=15
+    )
+    found: dict[str, str | None] = {}
+    for result in results:
+        words = [line.split()[0] for line in result.stdout.splitlines() if line.split()]
+        found[result.node] = next((w for w in words if not w.startswith("127.")), None)
+    return found
 
 
 def _probe_argv(node: Node) -> list[str]:
@@ -186,7 +202,7 @@ def plan_params(
             node=n.host,
             address=addresses[n.host] or "",  # kept only where there is one, below
             ports=listen[n.host],
-            ssh_argv=None if quick else _peer_ssh_argv(n),
+            ssh_argv=_peer_ssh_argv(n) if n.via_ssh and not quick else None,
         )
         for n in cluster.nodes
     }

@@ -179,7 +179,7 @@ async def _run_one(
         stdout=out.decode("utf-8", errors="replace"),
         stderr=stderr,
         duration_s=time.monotonic() - start,
-        failure=classify(proc.returncode, stderr, timed_out, via_ssh=not node.is_local),
+        failure=classify(proc.returncode, stderr, timed_out, via_ssh=node.via_ssh),
     )
 
 
@@ -201,7 +201,7 @@ async def run_on_nodes_async(
     `argv` and `stdin` may be mappings from node host to that node's own value. With `watch`,
     its deadlines bound each node instead of `timeout`.
     """
-    if any(not node.is_local for node in nodes) and shutil.which("ssh") is None:
+    if any(node.via_ssh for node in nodes) and shutil.which("ssh") is None:
         raise RemoteError("no `ssh` client on this machine", "install openssh-client")
     if watch is not None:
         on_line = _both(watch.on_line, on_line)

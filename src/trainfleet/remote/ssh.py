@@ -84,7 +84,8 @@ def ssh_base_argv(host: str, ssh: SshOptions, *, multiplex: bool = True) -> list
 
 
 def node_argv(node: Node, argv: Sequence[str], *, multiplex: bool = True) -> list[str]:
-    """The local argv that runs `argv` on `node`: argv itself for this machine, ssh otherwise.
+    """The local argv that runs `argv` on `node`: argv itself for this machine, a step of the
+    node's Slurm job for a node of an allocation (`srun_argv`), ssh otherwise.
 
     ssh hands the remote shell one string, so each word is quoted: the remote side runs exactly
     `argv`, whatever characters it holds.
@@ -93,11 +94,24 @@ def node_argv(node: Node, argv: Sequence[str], *, multiplex: bool = True) -> lis
         raise RemoteError("empty command", "give the command to run after `--`")
     if node.is_local:
         return list(argv)
+    if node.slurm_job is not None:
+        return srun_argv(node.slurm_job, node.host, argv)
     return [*ssh_base_argv(node.host, node.ssh, multiplex=multiplex), shlex.join(argv)]
 
 
+def srun_argv(job: str, host: str, argv: Sequence[str]) -> list[str]:
+    """`argv` as one task on `host`, a step of Slurm job `job` beside the steps running there
+    (`--overlap`: it takes no CPUs from them), stdin forwarded to it. `--kill-on-bad-exit`
+    and `--quiet`: the step ends with the task, and srun's own progress lines stay out of the
+    task's output. srun runs argv itself: no shell, no quoting."""
+    return [
+        "srun", f"--jobid={job}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={host}",
+        "--kill-on-bad-exit=1", "--quiet", "--input=all", "--", *argv,
+    ]  # fmt: skip
+
+
 async def _ssh_hostname(node: Node) -> str:
-    if node.is_local:
+    if not node.via_ssh:
         return "127.0.0.1" if node.host == "localhost" else node.host
     proc = await asyncio.create_subprocess_exec(
         "ssh",
@@ -137,7 +151,7 @@ def close_connections(nodes: Sequence[Node]) -> None:
             stderr=subprocess.DEVNULL,
         )
         for node in nodes
-        if not node.is_local
+        if node.via_ssh
     ]
     for proc in procs:
         try:

@@ -26,6 +26,7 @@ from trainfleet.cluster import DEFAULT_MASTER_PORT
 from trainfleet.errors import SandboxError
 from trainfleet.node import porthold
 from trainfleet.sandbox import cpu, fakegpu, files, hostile, netns, users
+from trainfleet.sandbox import slurm as slurm_daemons
 from trainfleet.sandbox.faults import (
     BARE_PATH,
     DECOYS,
@@ -106,6 +107,7 @@ def up(
     login_shell: str | None = None,
     node_local_dir: str | None = None,
     auth: str = "key",
+    slurm: bool = False,
 ) -> Sandbox:
     """Create the sandbox; on any failure, remove whatever was made and raise.
 
@@ -116,6 +118,7 @@ def up(
     shared storage do.
     `auth`: 'password' makes fresh servers: sshd accepts only the test user's password (in
     STATE/password), nothing is trusted, every node has its own home (see `users`).
+    `slurm`: a real Slurm too, its controller on node 1 (`sandbox/slurm.py`).
     """
     if auth not in users.AUTH_MODES:
         raise SandboxError(f"unknown auth {auth!r}", f"use one of {', '.join(users.AUTH_MODES)}")
@@ -124,6 +127,8 @@ def up(
     if login_shell is not None and not os.access(login_shell, os.X_OK):
         raise SandboxError(f"login shell {login_shell} is not an executable", "use e.g. /bin/sh")
     netns.require_root_and_netns()
+    if slurm:
+        slurm_daemons.require_slurm()
     check_name(name)
     # One `up` at a time on this machine: each picks its subnet from those still free.
     with _one_up_at_a_time():
@@ -148,10 +153,13 @@ def up(
             login_shell=login_shell,
             node_local_dir=node_local_dir,
             auth=auth,
+            slurm=slurm,
         )
         try:
             sandbox.host_changes = _room_for_neighbours(len(planned))
             _build(sandbox)
+            if slurm:
+                slurm_daemons.start(sandbox)
         except BaseException:
             down(name)
             raise

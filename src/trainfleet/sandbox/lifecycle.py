@@ -22,7 +22,7 @@ from pathlib import Path
 
 from trainfleet.errors import SandboxError
 from trainfleet.procs import pid_alive
-from trainfleet.sandbox import cpu, files, netns
+from trainfleet.sandbox import cpu, files, netns, slurm
 from trainfleet.sandbox.state import DEFAULT_NAME, Sandbox, check_name, load, state_root
 
 
@@ -56,6 +56,7 @@ def down(name: str = DEFAULT_NAME) -> list[str]:
         shutil.rmtree(etc, ignore_errors=True)
         removed.append(str(etc))
     state_dir = state_root() / name
+    removed += slurm.stop(state_dir)
     if state_dir.exists():
         shutil.rmtree(state_dir)
         removed.append(str(state_dir))

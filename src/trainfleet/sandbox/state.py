@@ -54,6 +54,8 @@ class Sandbox:
     host_changes: list[str] = field(default_factory=list)
     """What `up` changed on this machine beyond its own links and namespaces (a kernel limit
     raised, with its old value), said once when it is made and kept in the state file."""
+    slurm: bool = False
+    """Whether it runs a Slurm (munge, slurmctld, a slurmd per node: `sandbox/slurm.py`)."""
 
     @property
     def cluster_file(self) -> Path:
@@ -110,6 +112,7 @@ class Sandbox:
             "auth": self.auth,
             "faults": [str(f) for f in self.faults],
             "host_changes": list(self.host_changes),
+            "slurm": self.slurm,
             "nodes": [n.to_json() for n in self.nodes],
             "cluster_file": str(self.cluster_file),
             "hostfile": str(self.hostfile),
@@ -131,6 +134,7 @@ class Sandbox:
             auth=data.get("auth", "key"),
             faults=[parse_fault(f, hostnames) for f in data["faults"]],
             host_changes=list(data.get("host_changes", [])),
+            slurm=data.get("slurm", False),
             nodes=[files.SandboxNode(**n) for n in data["nodes"]],
         )
 

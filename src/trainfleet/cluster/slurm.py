@@ -1,0 +1,58 @@
+"""The Slurm allocation trainfleet runs in (`salloc`, `sbatch`): its nodes as a cluster, read
+from the variables Slurm sets, with no hostfile and no `scontrol` (missing inside many
+containers).
+
+    >>> env = {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "gpu-node-[1-2]",
+    ...        "SLURM_GPUS_ON_NODE": "8"}
+    >>> found = allocation(env)
+    >>> found.job_id, found.hosts, found.gpus_per_node
+    ('42', ('gpu-node-1', 'gpu-node-2'), 8)
+    >>> allocation({}) is None
+    True
+
+GPUs per node: SLURM_GPUS_ON_NODE (set inside a step and in batch scripts), else the count of
+SLURM_JOB_GPUS (the allocated indices on the first node), else SLURM_GPUS_PER_NODE (`8` or
+`h100:8`); none: a CPU allocation, one slot per node unless the user says otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from trainfleet.errors import TrainfleetError
+from trainfleet.nodeset import expand_names
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Allocation:
+    job_id: str
+    hosts: tuple[str, ...]
+    gpus_per_node: int | None
+
+
+def allocation(env: Mapping[str, str]) -> Allocation | None:
+    """The allocation these variables describe; None outside one."""
+    job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
+    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    if not job or not nodelist:
+        return None
+    try:
+        hosts = tuple(expand_names(nodelist))
+    except ValueError as exc:
+        raise TrainfleetError(
+            f"SLURM_JOB_NODELIST={nodelist!r} is not a Slurm host list: {exc}",
+            "run inside a job Slurm started (salloc, sbatch), or pass --hostfile",
+        ) from None
+    return Allocation(job_id=job, hosts=hosts, gpus_per_node=_gpus(env))
+
+
+def _gpus(env: Mapping[str, str]) -> int | None:
+    on_node = env.get("SLURM_GPUS_ON_NODE", "")
+    if on_node.isdigit():
+        return int(on_node)
+    job_gpus = env.get("SLURM_JOB_GPUS", "")
+    if job_gpus:
+        return len([g for g in job_gpus.split(",") if g.strip()])
+    per_node = env.get("SLURM_GPUS_PER_NODE", "").rpartition(":")[2]
+    return int(per_node) if per_node.isdigit() else None
