@@ -181,7 +181,9 @@ def _every_answer(spec: FakeGpuSpec) -> dict[str, str]:
     }
     said = {key: nvidia_smi(spec, argv) for key, argv in commands.items()}
     answers = {key: f"{a.rc}\n{a.stdout}{a.stderr}" for key, a in said.items()}
-    answers["q"] = "".join(answers["q"].splitlines(keepends=True)[4:])
+    answers["q"] = "".join(
+        line for line in answers["q"].splitlines(keepends=True) if not line.startswith("Timestamp")
+    )
     answers["dmesg"] = fakegpu.dmesg(spec, []).stdout
     return answers
 
