@@ -79,7 +79,7 @@ def slurm_env(sandbox: Sandbox) -> dict[str, str]:
 
 def require_slurm() -> None:
     missing = [p for p in (MUNGED, SLURMCTLD, SLURMD) if not os.access(p, os.X_OK)]
-    missing += [tool for tool in ("srun", "sbatch", "sinfo", "scontrol") if not shutil.which(tool)]
+    missing += [tool for tool in ("srun", "sbatch", "salloc", "sinfo") if not shutil.which(tool)]
     if missing:
         raise SandboxError(
             f"--slurm needs Slurm and munge, and {', '.join(missing)} is missing",
