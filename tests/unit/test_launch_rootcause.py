@@ -92,6 +92,9 @@ def test_a_silent_exit_reported_by_the_shim_beats_the_consequences_of_other_rank
         ("RuntimeError: CUDA error: invalid device ordinal", "nvidia-smi -L"),
         ("ModuleNotFoundError: No module named 'flash_attn'", "python:"),
         ("OSError: [Errno 28] No space left on device", "free space"),
+        # seen on an H200: DeepSpeed 0.19.8's FusedAdam build under torch 2.11+cu130
+        ("ValueError: invalid literal for int() with base 10: '0a'",
+         "TORCH_CUDA_ARCH_LIST=9.0"),
     ],
 )  # fmt: skip
 def test_a_root_cause_with_a_known_cause_comes_with_its_fix(last_line, says):

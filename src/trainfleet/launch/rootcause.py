@@ -58,6 +58,15 @@ KNOWN_ERRORS: list[tuple[re.Pattern, str]] = [
         f" (doctor: {FindingId.NINJA_MISSING})",
     ),
     (
+        # DeepSpeed 0.19.8's op builder parses torch's arch list with int(); torch built for
+        # CUDA 13 lists Hopper as "9.0a" (seen on an H200, docs/notes/2026-11.md).
+        re.compile(r"invalid literal for int\(\) with base 10: '\d+a'"),
+        "DeepSpeed's op builder cannot read torch's GPU architecture name (e.g. 9.0a on Hopper"
+        " with a CUDA 13 torch) and no op compiled: set TORCH_CUDA_ARCH_LIST to the plain"
+        " number (TORCH_CUDA_ARCH_LIST=9.0) in cluster.yaml's env or in this shell (launch"
+        " passes TORCH_* on), then run again",
+    ),
+    (
         re.compile(r"errno: 98 - Address already in use|EADDRINUSE"),
         "a port the job needs is taken (a leftover run?): `trainfleet doctor` names the"
         " process holding it; stop it or pass --master-port",
