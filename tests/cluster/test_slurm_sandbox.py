@@ -144,3 +144,21 @@ def test_doctor_and_a_batch_script_use_the_allocation_too(make_sandbox, tmp_path
                   timeout=180)  # fmt: skip
     assert done.returncode == 0, out.read_text()
     assert "rank 1 of 2 on gpu-node-2 sum 2" in out.read_text()
+
+
+def test_a_hung_rank_in_an_allocation_is_found_with_every_stack(make_sandbox, tmp_path):
+    """Rank 1 stops itself (SIGSTOP) at step 20; the hang watchdog dumps both ranks' stacks
+    through srun steps (py-spy on each node) and stops the run; nothing stays queued."""
+    box = make_sandbox(nodes=2, slurm=True)
+    script = Path(__file__).parent / "scripts" / "hang_rank.py"
+    run_dir = tmp_path / "run"
+    argv = ["salloc", "-N2", "--quiet", sys.executable, "-m", "trainfleet", "launch",
+            "--run-dir", str(run_dir), "--hang-timeout", "3", "--", str(script)]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=240, cwd=tmp_path,
+                          env={**os.environ, **slurm_env(box)})  # fmt: skip
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out
+    assert "rank-hung: no rank advanced past step 19" in out, out
+    stacks = sorted(p.name for p in (run_dir / "stacks").iterdir())
+    assert stacks == ["gpu-node-1.rank0.txt", "gpu-node-2.rank1.txt"], out
+    assert _slurm(box, "squeue", "-h").stdout == ""
