@@ -356,3 +356,15 @@ def test_nonsense_from_a_node_is_unknown_not_a_crash(survey):
     assert survey.facts[N1].gpus.devices[0].ecc_uncorrected is None
     assert [f for check in (checks.check_ecc, checks.check_pcie, checks.check_xid,
                             checks.check_nvlink) for f in check(survey)] == []  # fmt: skip
+
+
+def test_nvidia_smi_on_a_machine_without_gpus_is_no_gpu_not_a_failure(monkeypatch):
+    """A CPU node with nvidia-smi installed: its driver finds no device. (The text is
+    nvidia-smi's; the exit code is not relied on.)"""
+    from trainfleet.node import system
+
+    monkeypatch.setattr(system, "run", lambda argv, timeout=5.0: (6, "No devices were found\n", ""))
+    assert gpus.facts() is None
+    monkeypatch.setattr(system, "run", lambda argv, timeout=5.0: (9, "", "NVIDIA-SMI has failed"))
+    failed = gpus.facts()
+    assert failed is not None and failed["error"] == "nvidia-smi exit 9: NVIDIA-SMI has failed"

@@ -111,10 +111,15 @@ def query(kind, fields):
     return [dict(zip(fields, row)) for row in rows if len(row) == len(fields)], 0, ""
 
 
+NO_DEVICES = "No devices were found"
+"""What nvidia-smi says where its driver sees no GPU: a machine without GPUs (nvidia-smi
+installed on a CPU node), as when nvidia-smi is missing, not a broken one."""
+
+
 def facts():
-    """None where there is no nvidia-smi; GpuError where it fails; else GpuFacts."""
+    """None where there is no nvidia-smi or no GPU; GpuError where it fails; else GpuFacts."""
     devices, code, message = query("query-gpu", FIELDS)
-    if code == 127:
+    if code == 127 or (code != 0 and NO_DEVICES in message):
         return None
     answered = "health"
     if devices is None:
