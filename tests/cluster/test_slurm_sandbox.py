@@ -14,9 +14,22 @@ from pathlib import Path
 import pytest
 
 from trainfleet import sandbox
-from trainfleet.sandbox.slurm import files_of, slurm_env
+from trainfleet.errors import SandboxError
+from trainfleet.sandbox.slurm import files_of, require_slurm, slurm_env
 
-pytestmark = pytest.mark.cluster
+
+def _without_slurm() -> str:
+    try:
+        require_slurm()
+    except SandboxError as exc:
+        return str(exc)
+    return ""
+
+
+pytestmark = [
+    pytest.mark.cluster,
+    pytest.mark.skipif(bool(_without_slurm()), reason=_without_slurm() or "Slurm is there"),
+]
 
 
 def _slurm(box, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
