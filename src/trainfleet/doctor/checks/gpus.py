@@ -63,11 +63,12 @@ def _gpus(survey: Survey) -> Iterator[tuple[str, Gpus]]:
             yield host, facts.gpus
 
 
-def _in_use(survey: Survey, host: str, gpus: Gpus) -> list[Gpu]:
-    """The node's GPUs its slots run on (`-i`/`-e` and slots=N choose them): a GPU left out
-    is not the job's problem, so leaving out a faulty one lets the launch go ahead."""
+def _in_use(survey: Survey, host: str, gpus: Gpus) -> list[tuple[int, Gpu]]:
+    """(index, GPU) for the node's GPUs its slots run on (`-i`/`-e` and slots=N choose
+    them): a GPU left out is not the job's problem, so leaving out a faulty one lets the
+    launch go ahead."""
     used = set(survey.cluster.node(host).gpu_ids)
-    return [gpu for gpu in gpus.devices if gpu.index in used]
+    return [(gpu.index, gpu) for gpu in gpus.devices if gpu.index is not None and gpu.index in used]
 
 
 def _per_gpu(
@@ -82,11 +83,11 @@ def _per_gpu(
     evidence: list[str] = []
     found: dict[str, list[int]] = {}
     for host, gpus in _gpus(survey):
-        for gpu in _in_use(survey, host, gpus):
+        for index, gpu in _in_use(survey, host, gpus):
             words = bad(gpu)
             if words is not None:
                 evidence.append(f"{host} {gpu.label}: {words}")
-                found.setdefault(host, []).append(gpu.index if gpu.index is not None else -1)
+                found.setdefault(host, []).append(index)
     if not found:
         return []
     return [
@@ -168,7 +169,7 @@ def check_xid(survey: Survey) -> list[Finding]:
     findings = []
     for host, gpus in _gpus(survey):
         by_bus = {_bus(gpu.bus_id): gpu for gpu in gpus.devices if gpu.bus_id}
-        in_use = _in_use(survey, host, gpus)
+        in_use = [gpu for _, gpu in _in_use(survey, host, gpus)]
         fatal: dict[str, list[int]] = {}
         evidence: dict[Severity, list[str]] = {Severity.ERROR: [], Severity.WARNING: []}
         for xid in gpus.xid:
@@ -295,11 +296,11 @@ def check_nvlink(survey: Survey) -> list[Finding]:
     for host, gpus in _gpus(survey):
         if not any(gpu.nvlinks_up for gpu in gpus.devices):
             continue
-        for gpu in _in_use(survey, host, gpus):
+        for index, gpu in _in_use(survey, host, gpus):
             if gpu.nvlinks_down:
                 links = ", ".join(map(str, gpu.nvlinks_down))
                 evidence.append(f"{host} {gpu.label}: NVLink {links} down, {gpu.nvlinks_up} up")
-                found.setdefault(host, []).append(gpu.index if gpu.index is not None else -1)
+                found.setdefault(host, []).append(index)
     if not found:
         return []
     return [
