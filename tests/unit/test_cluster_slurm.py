@@ -68,6 +68,7 @@ def test_the_allocation_is_the_default_cluster_and_its_nodes_are_steps_of_its_jo
         ("gpu-node-1", 8, "42"), ("gpu-node-2", 8, "42")
     ]  # fmt: skip
     assert cluster.master == "gpu-node-1" and cluster.source == "Slurm job 42"
+    assert cluster.master_port == 29542  # from the job id: another job's first node differs
     node = cluster.nodes[1]
     assert not node.is_local and not node.via_ssh
     argv = node_argv(node, ["python3", "-c", "print('a b')"])

@@ -106,7 +106,10 @@ def load_cluster(
             for h in slurm.hosts
         ]  # fmt: skip
         cluster = Cluster(
-            nodes=tuple(nodes), master=nodes[0].host, source=f"Slurm job {slurm.job_id}"
+            nodes=tuple(nodes),
+            master=nodes[0].host,
+            master_port=slurm.master_port,
+            source=f"Slurm job {slurm.job_id}",
         )
     else:
         if hostfile:

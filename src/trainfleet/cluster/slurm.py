@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from trainfleet.cluster.model import DEFAULT_MASTER_PORT
 from trainfleet.errors import TrainfleetError
 from trainfleet.nodeset import expand_names
 
@@ -29,6 +30,17 @@ class Allocation:
     job_id: str
     hosts: tuple[str, ...]
     gpus_per_node: int | None
+
+    @property
+    def master_port(self) -> int:
+        """29500 plus the job id's last three digits: two jobs sharing a node (their first)
+        do not pick one port, as they would both pick 29500.
+
+        >>> Allocation(job_id="4242", hosts=("n1",), gpus_per_node=None).master_port
+        29742
+        """
+        digits = "".join(c for c in self.job_id.split("_")[0] if c.isdigit())
+        return DEFAULT_MASTER_PORT + int(digits or 0) % 1000
 
 
 def allocation(env: Mapping[str, str]) -> Allocation | None:
