@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from trainfleet.cluster import load_cluster
+from trainfleet.cluster.model import SlurmStep
 from trainfleet.cluster.slurm import allocation
 from trainfleet.errors import TrainfleetError
 from trainfleet.nodeset import expand_names, fold_names
@@ -62,19 +63,21 @@ def test_outside_an_allocation_there_is_none_and_a_bad_list_is_named():
 
 def test_the_allocation_is_the_default_cluster_and_its_nodes_are_steps_of_its_job():
     slurm = allocation({"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "gpu-node-[1-2]",
-                        "SLURM_GPUS_ON_NODE": "8"})  # fmt: skip
+                        "SLURM_GPUS_ON_NODE": "8", "SLURM_JOB_CPUS_PER_NODE": "96,48"})  # fmt: skip
     cluster = load_cluster(slurm=slurm)
-    assert [(n.host, n.slots, n.slurm_job) for n in cluster.nodes] == [
-        ("gpu-node-1", 8, "42"), ("gpu-node-2", 8, "42")
-    ]  # fmt: skip
+    assert [(n.host, n.slots, n.slurm) for n in cluster.nodes] == [
+        ("gpu-node-1", 8, SlurmStep(job="42", cpus=96)),
+        ("gpu-node-2", 8, SlurmStep(job="42", cpus=48)),
+    ]
     assert cluster.master == "gpu-node-1" and cluster.source == "Slurm job 42"
     assert cluster.master_port == 29542  # from the job id: another job's first node differs
     node = cluster.nodes[1]
     assert not node.is_local and not node.via_ssh
     argv = node_argv(node, ["python3", "-c", "print('a b')"])
     assert argv[:2] == ["srun", "--jobid=42"] and "--nodelist=gpu-node-2" in argv
+    assert "--cpus-per-task=48" in argv  # srun 22.05-23.02 would give the task one CPU
     assert argv[-4:] == ["--", "python3", "-c", "print('a b')"]  # srun execs it: no quoting
     # A hostfile given inside an allocation wins, as the user asked for it.
-    assert load_cluster(hosts="a,b", slurm=slurm).nodes[0].slurm_job is None
+    assert load_cluster(hosts="a,b", slurm=slurm).nodes[0].slurm is None
     # -e works on an allocation as on a hostfile.
     assert [n.host for n in load_cluster(slurm=slurm, exclude="gpu-node-1").nodes] == ["gpu-node-2"]

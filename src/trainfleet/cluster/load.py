@@ -13,7 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from trainfleet.cluster.hostfile import filter_nodes, parse_hostfile
-from trainfleet.cluster.model import Cluster, Node, SshOptions
+from trainfleet.cluster.model import Cluster, Node, SlurmStep, SshOptions
 from trainfleet.cluster.slurm import Allocation
 from trainfleet.cluster.validate import SLOTS_RE, check_host, parse_slots
 from trainfleet.cluster.yaml_spec import parse_cluster_yaml, resolve_path
@@ -100,10 +100,11 @@ def load_cluster(
         nodes = [replace(n, ssh=n.ssh.merged_over(base_ssh)) for n in cluster.nodes]
     elif slurm is not None and not (hostfile or hosts):
         slots = slurm.gpus_per_node or 1
+        cpus = slurm.cpus or (None,) * len(slurm.hosts)
         nodes = [
             Node(host=h, slots=slots, gpu_ids=tuple(range(slots)), python=python,
-                 ssh=base_ssh, slurm_job=slurm.job_id)
-            for h in slurm.hosts
+                 ssh=base_ssh, slurm=SlurmStep(job=slurm.job_id, cpus=c))
+            for h, c in zip(slurm.hosts, cpus, strict=True)
         ]  # fmt: skip
         cluster = Cluster(
             nodes=tuple(nodes),

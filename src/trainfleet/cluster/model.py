@@ -58,6 +58,17 @@ class SshOptions:
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
+class SlurmStep:
+    """How a command reaches a node of a Slurm allocation: as a step of `job`, with `cpus`
+    CPUs (the job's on that node). srun gives a task one CPU unless told (22.05 to 23.02 no
+    longer read SLURM_CPUS_PER_TASK), which starves a node's ranks and data loaders."""
+
+    job: str
+    cpus: int | None = None
+    """None: srun's default."""
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
 class Node:
     """One machine of the cluster."""
 
@@ -75,7 +86,7 @@ class Node:
     """Network interface for NCCL/gloo traffic, when the user pins it."""
     ssh: SshOptions = field(default_factory=SshOptions)
     """How to reach it."""
-    slurm_job: str | None = None
+    slurm: SlurmStep | None = None
     """The Slurm job whose allocation holds this node: commands reach it as a step of that job
     (`srun --overlap`), not over ssh, which Slurm clusters block or limit to job holders."""
 
@@ -86,13 +97,13 @@ class Node:
             self.host in LOCAL_HOSTS
             and self.ssh.user is None
             and self.ssh.port is None
-            and self.slurm_job is None
+            and self.slurm is None
         )
 
     @property
     def via_ssh(self) -> bool:
         """True when commands for this node go through ssh (neither here nor through srun)."""
-        return not self.is_local and self.slurm_job is None
+        return not self.is_local and self.slurm is None
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)

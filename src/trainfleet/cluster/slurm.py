@@ -30,6 +30,9 @@ class Allocation:
     job_id: str
     hosts: tuple[str, ...]
     gpus_per_node: int | None
+    cpus: tuple[int, ...] = ()
+    """The job's CPUs on each of `hosts`, in order (SLURM_JOB_CPUS_PER_NODE, `72(x2),36`);
+    empty where Slurm did not say."""
 
     @property
     def master_port(self) -> int:
@@ -56,7 +59,29 @@ def allocation(env: Mapping[str, str]) -> Allocation | None:
             f"SLURM_JOB_NODELIST={nodelist!r} is not a Slurm host list: {exc}",
             "run inside a job Slurm started (salloc, sbatch), or pass --hostfile",
         ) from None
-    return Allocation(job_id=job, hosts=hosts, gpus_per_node=_gpus(env))
+    cpus = cpus_per_node(env.get("SLURM_JOB_CPUS_PER_NODE", ""))
+    return Allocation(
+        job_id=job,
+        hosts=hosts,
+        gpus_per_node=_gpus(env),
+        cpus=cpus if len(cpus) == len(hosts) else (),
+    )
+
+
+def cpus_per_node(text: str) -> tuple[int, ...]:
+    """SLURM_JOB_CPUS_PER_NODE's counts, one per node: `COUNT(xREPEAT)` groups.
+
+    >>> cpus_per_node("72(x2),36"), cpus_per_node("2"), cpus_per_node("two")
+    ((72, 72, 36), (2,), ())
+    """
+    counts: list[int] = []
+    for group in filter(None, text.split(",")):
+        count, _, repeat = group.partition("(x")
+        repeat = repeat.rstrip(")") or "1"
+        if not (count.isdigit() and repeat.isdigit()):
+            return ()
+        counts += [int(count)] * int(repeat)
+    return tuple(counts)
 
 
 def _gpus(env: Mapping[str, str]) -> int | None:

@@ -105,7 +105,7 @@ def _resolve(name: str) -> str | None:
 def node_addresses(cluster: Cluster) -> dict[str, str | None]:
     names = ssh_hostnames(cluster.nodes)
     addresses = {host: _resolve(name) for host, name in names.items()}
-    unknown = [n for n in cluster.nodes if addresses[n.host] is None and n.slurm_job]
+    unknown = [n for n in cluster.nodes if addresses[n.host] is None and n.slurm]
     if unknown:  # a login node need not resolve the compute nodes' names: they do
         addresses.update(_own_addresses(unknown))
     return addresses

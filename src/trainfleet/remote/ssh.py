@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from trainfleet.cluster import DEFAULT_CONNECT_TIMEOUT, Node, SshOptions
+from trainfleet.cluster.model import SlurmStep
 from trainfleet.errors import RemoteError
 
 CONTROL_PERSIST_S = 60
@@ -94,19 +95,22 @@ def node_argv(node: Node, argv: Sequence[str], *, multiplex: bool = True) -> lis
         raise RemoteError("empty command", "give the command to run after `--`")
     if node.is_local:
         return list(argv)
-    if node.slurm_job is not None:
-        return srun_argv(node.slurm_job, node.host, argv)
+    if node.slurm is not None:
+        return srun_argv(node.slurm, node.host, argv)
     return [*ssh_base_argv(node.host, node.ssh, multiplex=multiplex), shlex.join(argv)]
 
 
-def srun_argv(job: str, host: str, argv: Sequence[str]) -> list[str]:
-    """`argv` as one task on `host`, a step of Slurm job `job` beside the steps running there
-    (`--overlap`: it takes no CPUs from them), stdin forwarded to it. `--kill-on-bad-exit`
-    and `--quiet`: the step ends with the task, and srun's own progress lines stay out of the
-    task's output. srun runs argv itself: no shell, no quoting."""
+def srun_argv(step: SlurmStep, host: str, argv: Sequence[str]) -> list[str]:
+    """`argv` as one task on `host`, a step of the Slurm job beside the steps running there
+    (`--overlap`: it takes no CPUs from them), with the job's CPUs on that node, stdin
+    forwarded to it. `--kill-on-bad-exit` and `--quiet`: the step ends with the task, and
+    srun's own progress lines stay out of the task's output. srun runs argv itself: no shell,
+    no quoting."""
+    cpus = [f"--cpus-per-task={step.cpus}"] if step.cpus else []
     return [
-        "srun", f"--jobid={job}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={host}",
-        "--kill-on-bad-exit=1", "--quiet", "--input=all", "--", *argv,
+        "srun", f"--jobid={step.job}", "--overlap", "--nodes=1", "--ntasks=1",
+        f"--nodelist={host}", *cpus, "--kill-on-bad-exit=1", "--quiet", "--input=all",
+        "--", *argv,
     ]  # fmt: skip
 
 
