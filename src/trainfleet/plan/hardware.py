@@ -80,12 +80,10 @@ def this_machine() -> LocalGpus | None:
     """This machine's GPUs; None where there is no nvidia-smi, it fails, or it lists none."""
     from trainfleet.node import gpus
 
-    found = gpus.facts()
-    if not found or found["error"] is not None:
-        return None
+    found, _, _ = gpus.query("query-gpu", gpus.BASIC)  # one call: not doctor's health probe
     devices = [
         {"index": int(d["index"]), "name": d["name"], "mib": int(d["memory.total"])}
-        for d in found["devices"]
+        for d in found or ()
         if d["index"].isdigit() and d["memory.total"].isdigit()
     ]
     devices = visible(devices, os.environ.get("CUDA_VISIBLE_DEVICES"))
