@@ -101,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     if setup.lora_rank:
         from peft import LoraConfig, get_peft_model
 
+        from trainfleet.train.config import LoraConfig as TrainLora
+
         if args.grad_ckpt:
             model.enable_input_require_grads()
         model = get_peft_model(
@@ -108,15 +110,7 @@ def main(argv: list[str] | None = None) -> int:
             LoraConfig(
                 r=setup.lora_rank,
                 lora_alpha=2 * setup.lora_rank,
-                target_modules=[
-                    "q_proj",
-                    "k_proj",
-                    "v_proj",
-                    "o_proj",
-                    "gate_proj",
-                    "up_proj",
-                    "down_proj",
-                ],  # fmt: skip
+                target_modules=TrainLora().target_modules,
                 task_type="CAUSAL_LM",
             ),
         )
