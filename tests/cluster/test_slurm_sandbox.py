@@ -3,8 +3,10 @@ driven here through Slurm's own clients (srun, sbatch, squeue) as a user drives 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -174,4 +176,108 @@ def test_a_hung_rank_in_an_allocation_is_found_with_every_stack(make_sandbox, tm
     assert "rank-hung: no rank advanced past step 19" in out, out
     stacks = sorted(p.name for p in (run_dir / "stacks").iterdir())
     assert stacks == ["gpu-node-1.rank0.txt", "gpu-node-2.rank1.txt"], out
+    assert _slurm(box, "squeue", "-h").stdout == ""
+
+
+def _from_login_node(box, tmp_path, *args: str, env: dict | None = None, command="launch"):
+    """`trainfleet COMMAND --backend slurm --nodes 2 ARGS` on this machine, which plays the
+    login node: no allocation, Slurm's clients pointed at the sandbox's slurmctld."""
+    argv = [sys.executable, "-m", "trainfleet", command, "--backend", "slurm", "--nodes", "2",
+            *args]  # fmt: skip
+    return subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
+        env={**os.environ, **slurm_env(box), **(env or {})},
+    )  # fmt: skip
+
+
+def _left_of(script: Path) -> list[str]:
+    """Processes still running `script`, on this machine or on a sandbox node (they share
+    this machine's process table)."""
+    from trainfleet.procs import cmdlines
+
+    return [f"{pid}: {c}" for pid, c in cmdlines().items() if str(script) in c]
+
+
+def test_launch_from_a_login_node_submits_a_job_streams_its_ranks_and_ends_with_it(
+    make_sandbox, tmp_path
+):
+    """`--backend slurm` outside a job: sbatch, the ranks' lines here as they come, the job's
+    exit code; a crashing rank named as under salloc. The nodes' sshd is stopped."""
+    box = make_sandbox(nodes=2, slurm=True)
+    for node in box.nodes:
+        os.kill(box.sshd_pid(node.index), signal.SIGKILL)
+    script = tmp_path / "allreduce.py"
+    script.write_text(ALLREDUCE)
+    follower = _from_login_node(box, tmp_path, "--run-dir", "ok", "--", script.name)
+    out, _ = follower.communicate(timeout=240)
+    assert follower.returncode == 0, out
+    job = re.search(r"submitted batch job (\d+)", out)
+    assert job, out
+    for rank, host in ((0, "gpu-node-1"), (1, "gpu-node-2")):
+        assert f"[{host}:{rank}] rank {rank} of 2 on {host} sum 2 job {job[1]}" in out, out
+    assert f"job {job[1]}: RUNNING on gpu-node-[1-2]" in out
+    assert f"job {job[1]}: COMPLETED" in out
+    script_text = (tmp_path / "ok" / "job.sbatch").read_text()
+    assert "#SBATCH --nodes=2" in script_text and f"{script.name}\n" in script_text
+    assert (tmp_path / "ok" / "logs" / "gpu-node-2.rank1.log").exists()  # the run's own logs
+
+    follower = _from_login_node(box, tmp_path, "--run-dir", "crash", "--", script.name,
+                                env={"PLANT_CRASH": "1"})  # fmt: skip
+    out, _ = follower.communicate(timeout=240)
+    assert follower.returncode == 1, out
+    assert "root cause: gpu-node-2 rank 1" in out and "planted crash on rank 1" in out, out
+    assert re.search(r"job \d+: FAILED", out), out
+    assert _slurm(box, "squeue", "-h").stdout == ""
+    assert _left_of(script) == []
+
+
+SLEEPER = """\
+import time, torch.distributed as dist
+dist.init_process_group("gloo")
+print("rank", dist.get_rank(), "sleeping", flush=True)
+time.sleep(600)
+"""
+
+
+def test_ctrl_c_on_the_login_node_stops_every_rank_and_the_job(make_sandbox, tmp_path):
+    box = make_sandbox(nodes=2, slurm=True)
+    script = tmp_path / "sleeper.py"
+    script.write_text(SLEEPER)
+    follower = _from_login_node(box, tmp_path, "--", script.name)
+    seen = []
+    assert follower.stdout is not None
+    for line in follower.stdout:
+        seen.append(line)
+        if sum("sleeping" in s for s in seen) == 2:
+            break
+    follower.send_signal(signal.SIGINT)
+    out, _ = follower.communicate(timeout=150)
+    out = "".join(seen) + out
+    assert follower.returncode == 130, out
+    assert "Ctrl-C: stopping job" in out and "every rank on every node stopped" in out, out
+    assert _slurm(box, "squeue", "-h").stdout == ""
+    assert _left_of(script) == []
+
+
+@pytest.mark.usefixtures("no_train_job_left_behind")
+@pytest.mark.skipif(
+    any(importlib.util.find_spec(m) is None for m in ("deepspeed", "transformers", "datasets")),
+    reason="needs deepspeed, transformers and datasets (`make venv` installs them)",
+)
+def test_train_with_zero3_is_submitted_from_a_login_node(make_sandbox, tmp_path, assets):
+    box = make_sandbox(nodes=2, slurm=True)
+    output = tmp_path / "out"
+    follower = _from_login_node(
+        box, tmp_path, "--model", str(assets["model"]), "--data", str(assets["data"]),
+        "--output", str(output), "--zero", "3", "--max-steps", "2", "--precision", "fp32",
+        command="train",
+    )  # fmt: skip
+    out, _ = follower.communicate(timeout=420)
+    assert follower.returncode == 0, out
+    assert "plan: 2 ranks, ZeRO-3" in out and "all 2 rank(s) on 2 node(s) finished" in out, out
+    rows = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
+    steps = [row["step"] for row in rows if "loss" in row]
+    assert steps[-1] == 2, steps
+    assert (output / "final" / "config.json").exists()
+    assert list((output / "slurm").glob("*/job.sbatch")), "the script stays beside the output"
     assert _slurm(box, "squeue", "-h").stdout == ""

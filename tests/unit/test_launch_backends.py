@@ -51,10 +51,13 @@ def _launch_parser_backend():
 
 def test_every_backend_the_cli_offers_is_registered_and_has_the_whole_protocol():
     offered = _launch_parser_backend()
-    assert list(offered.choices) == list(BACKENDS) == ["ssh", "deepspeed"]
-    assert offered.default == "ssh" and offered.help == (
+    assert list(offered.choices) == list(BACKENDS) == ["ssh", "deepspeed", "slurm"]
+    # No default in the parser: the cluster decides (`default_for`: slurm inside a Slurm job).
+    assert offered.default is None and offered.help == (
         "ssh: torchrun on every node over ssh (default); deepspeed: DeepSpeed's own runner"
-        " (pdsh), each node still given its own environment"
+        " (pdsh), each node still given its own environment; slurm: torchrun on every node of"
+        " the Slurm job, each started as a step of it (srun); from a login node, the command is"
+        " submitted with sbatch and followed here (default inside a Slurm job)"
     )
     assert set(PROTOCOL) == {
         "preflight", "plan", "render", "node_envs", "start", "dump_stacks", "stop"
@@ -68,8 +71,9 @@ def test_every_backend_the_cli_offers_is_registered_and_has_the_whole_protocol()
 
 def test_an_unknown_backend_is_an_error_naming_the_known_ones():
     with pytest.raises(TrainfleetError) as err:
-        backend_for("slurm")
-    assert "no launch backend 'slurm'" in str(err.value) and "ssh, deepspeed" in err.value.fix
+        backend_for("mpirun")
+    assert "no launch backend 'mpirun'" in str(err.value)
+    assert err.value.fix == "use one of ssh, deepspeed, slurm"
 
 
 def _ds_plan() -> DeepSpeedPlan:

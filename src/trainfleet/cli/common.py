@@ -13,10 +13,12 @@ import argparse
 import os
 from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainfleet.cluster import Cluster, load_cluster
 from trainfleet.cluster.slurm import allocation
+from trainfleet.errors import TrainfleetError
 
 if TYPE_CHECKING:
     from trainfleet.doctor.findings import Finding
@@ -173,3 +175,116 @@ def cluster_from_args(args: argparse.Namespace) -> Cluster:
         )
         cluster = replace(cluster, nodes=nodes)
     return cluster
+
+
+SLURM_FLAGS = ("nodes", "partition", "time", "gpus_per_node", "account", "job_name", "sbatch_arg")
+"""`add_slurm_arguments`' destinations."""
+
+
+def add_slurm_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "Slurm job (with --backend slurm from a login node: what sbatch asks for; inside a job"
+        " they are what it was given, and --nodes must match it)"
+    )
+    group.add_argument("--nodes", "-N", type=int, metavar="N", help="sbatch --nodes")
+    group.add_argument("--partition", metavar="P", help="sbatch --partition")
+    group.add_argument("--time", metavar="T", help="sbatch --time (MINUTES, HH:MM:SS, D-HH...)")
+    group.add_argument("--gpus-per-node", metavar="G", help="sbatch --gpus-per-node (8, h100:8)")
+    group.add_argument("--account", metavar="A", help="sbatch --account")
+    group.add_argument("--job-name", metavar="NAME", help="sbatch --job-name (default trainfleet)")
+    group.add_argument(
+        "--sbatch-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="any other sbatch option, one per flag: --sbatch-arg=--exclusive "
+        "--sbatch-arg=--exclude=gpu-node-3",
+    )
+
+
+def submits_job(args: argparse.Namespace) -> bool:
+    """Whether this command submits itself as a Slurm batch job (`--backend slurm` outside
+    one) rather than running here; Slurm options given without it are refused, since they
+    would do nothing, and inside a job --nodes must be the job's."""
+    job = allocation(os.environ)
+    if args.backend == "slurm" and job is None:
+        return True
+    given = [f"--{name.replace('_', '-')}" for name in SLURM_FLAGS if getattr(args, name)]
+    if job is None and given:
+        raise TrainfleetError(
+            f"{given[0]} asks Slurm for the job, and this command runs no Slurm job",
+            "add --backend slurm to submit it as one",
+        )
+    if job is not None and args.nodes and args.nodes != len(job.hosts):
+        raise TrainfleetError(
+            f"--nodes {args.nodes}, but Slurm job {job.job_id} has {len(job.hosts)} node(s)"
+            f" ({', '.join(job.hosts)})",
+            "drop --nodes inside a job, or use --num_nodes N for its first N nodes",
+        )
+    return False
+
+
+def submit_job(args: argparse.Namespace, *, run_dir: str | None, directory: Path) -> int:
+    """`--backend slurm` from a login node: this same command as a batch job, its script in
+    `directory`, followed until it ends (launch/sbatch.py). `run_dir`: the launch's, passed on
+    so that both ends use one."""
+    import json
+    import sys
+
+    from trainfleet.launch import sbatch
+
+    cluster_given = [flag for flag, value in (
+        ("--hostfile", args.hostfile), ("-c", args.cluster_file), ("--hosts", args.hosts),
+        ("-i", args.include), ("-e", args.exclude), ("--num_nodes", args.num_nodes),
+        ("--num_gpus", args.num_gpus), ("--ssh-config", args.ssh_config),
+    ) if value]  # fmt: skip
+    if cluster_given:
+        raise TrainfleetError(
+            f"{cluster_given[0]} names nodes, and with --backend slurm Slurm picks them",
+            "ask with --nodes N, --partition, --gpus-per-node; leave a node out with"
+            " --sbatch-arg=--exclude=NODE, or name them with --sbatch-arg=--nodelist=NODES",
+        )
+    if not args.nodes:
+        raise TrainfleetError("--backend slurm from a login node needs --nodes", "add --nodes N")
+    request = sbatch.BatchRequest(
+        nodes=args.nodes,
+        partition=args.partition,
+        time=args.time,
+        gpus_per_node=args.gpus_per_node,
+        account=args.account,
+        job_name=args.job_name or "trainfleet",
+        sbatch_args=tuple(args.sbatch_arg),
+    )
+    words = list(args.argv)
+    subcommand = args.command_name
+    words = words[words.index(subcommand) + 1 :]
+    ours = words.index("--") if "--" in words else len(words)
+    # The job runs the command itself: --dry-run (of this submission) is not passed on.
+    words = [w for w in words[:ours] if w != "--dry-run"] + words[ours:]
+    argv = sbatch.inner_argv(sys.executable, subcommand, words, run_dir)
+    written_by = f"trainfleet {subcommand} --backend slurm"
+    if getattr(args, "dry_run", False):
+        output = str((directory / "slurm-%j.out").absolute())
+        script = sbatch.batch_script(
+            request, argv, cwd=os.getcwd(), output=output, written_by=written_by
+        )
+        print(sbatch.dry_run_text(directory / "job.sbatch", script, output))
+        return 0
+
+    def say(text: str) -> None:
+        print(f"trainfleet: {text}", file=sys.stderr, flush=True)
+
+    end = sbatch.submit_and_follow(
+        request,
+        argv,
+        directory=directory,
+        cwd=os.getcwd(),
+        written_by=written_by,
+        out=sys.stderr if args.json else sys.stdout,
+        say=say,
+    )
+    if end.why:
+        say(f"job {end.job} ended {end.state}: {end.why}")
+    if args.json:
+        print(json.dumps({**end.to_json(), "script": str(directory / "job.sbatch")}, indent=2))
+    return end.exit_code

@@ -18,10 +18,13 @@ from trainfleet.cli.common import (
     CLUSTER_YAML_EXAMPLE,
     add_cluster_arguments,
     add_hang_timeout_argument,
+    add_slurm_arguments,
     add_startup_timeout_argument,
     cluster_from_args,
     command_after_dashes,
     preflight_lines,
+    submit_job,
+    submits_job,
 )
 from trainfleet.errors import TrainfleetError
 from trainfleet.launch import backends
@@ -75,9 +78,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--backend",
         choices=list(backends.BACKENDS),
-        default=backends.DEFAULT_BACKEND,
         help=backends.help_text(),
     )
+    add_slurm_arguments(parser)
     parser.add_argument(
         "--dry-run",
         action="store_true",
@@ -235,20 +238,24 @@ def run(args: argparse.Namespace) -> int:
 
     if args.max_restarts < 0:
         raise TrainfleetError(f"--max-restarts {args.max_restarts}", "pass 0 or more")
+    command = _command(args)
+    run_id = new_run_id()
+    run_dir = Path(args.run_dir or f"trainfleet-runs/{run_id}")
+    if submits_job(args):
+        return submit_job(args, run_dir=str(run_dir.absolute()), directory=run_dir)
+    cluster = cluster_from_args(args)
     options = LaunchOptions(
-        command=_command(args),
-        backend=args.backend,
+        command=command,
+        backend=args.backend or backends.default_for(cluster),
         master_port=args.master_port,
         master_addr=args.master_addr,
         local_rank_arg=args.local_rank_arg,
         no_python=args.no_python,
-        run_id=new_run_id(),
+        run_id=run_id,
         join_timeout=args.join_timeout,
         hang_timeout=args.hang_timeout or None,
         startup_timeout=args.startup_timeout or None,
     )
-    cluster = cluster_from_args(args)
-    run_dir = Path(args.run_dir or f"trainfleet-runs/{options.run_id}")
 
     def print_notes(plan: Plan, _report: DoctorReport) -> None:
         for note in plan.notes:

@@ -72,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # The words as typed: `--backend slurm` submits this same command as a batch job.
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     try:
         return args.run(args)
     except TrainfleetError as exc:

@@ -16,9 +16,12 @@ from trainfleet.cli.common import (
     CLUSTER_YAML_EXAMPLE,
     add_cluster_arguments,
     add_hang_timeout_argument,
+    add_slurm_arguments,
     add_startup_timeout_argument,
     cluster_from_args,
     preflight_lines,
+    submit_job,
+    submits_job,
 )
 from trainfleet.hf_names import HF_NAMES
 
@@ -34,7 +37,11 @@ environment, merged `[node:rank]` output, fail-fast). Checkpoints every --save-s
 `latest` only once complete; running the same command again resumes from it. At the end the
 model is exported to OUTPUT/final (consolidated safetensors + tokenizer), with the metrics in
 OUTPUT/metrics.jsonl, TensorBoard files in OUTPUT/tensorboard and OUTPUT/loss.png. OUTPUT
-must be storage every node sees."""
+must be storage every node sees. On Slurm: inside `salloc`/`sbatch` it trains on the job's
+nodes; from a login node, `--backend slurm --nodes N` submits this same command as a batch job
+(its script and output in OUTPUT/slurm/) and follows it here."""
+
+BACKENDS = ("ssh", "slurm")
 
 FLAGS = {
     "model": str,
@@ -76,6 +83,14 @@ def _hf_bool(text: str) -> bool:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_cluster_arguments(parser)
+    parser.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        help="ssh: torchrun on every node over ssh (default); slurm: each node's torchrun a step"
+        " of the Slurm job this runs in (the default there), or from a login node the command"
+        " submitted with sbatch and followed here",
+    )
+    add_slurm_arguments(parser)
     parser.add_argument("--config", metavar="train.yaml", help="every setting; flags override")
     settings = parser.add_argument_group(
         "settings (also train.yaml keys, with _ for -); HF TrainingArguments names work too"
@@ -185,6 +200,11 @@ def run(args: argparse.Namespace) -> int:
     from trainfleet.train import run_train
 
     config = config_from_args(args)
+    if submits_job(args):
+        if not Path(config.model).is_dir():
+            print(f"trainfleet: note: --model {config.model} is not a directory on this machine:"
+                  " the job fails unless its nodes have it", file=sys.stderr)  # fmt: skip
+        return submit_job(args, run_dir=None, directory=_submission_dir(config.output))
     cluster = cluster_from_args(args)
     try:
         result, plan = run_train(
@@ -195,6 +215,7 @@ def run(args: argparse.Namespace) -> int:
             hang_timeout=args.hang_timeout or None,
             startup_timeout=args.startup_timeout or None,
             max_restarts=args.max_restarts,
+            backend=args.backend,
             # With --json, stdout holds only the JSON outcome.
             out=sys.stderr if args.json else None,
         )
@@ -206,3 +227,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(render_outcome(result, plan), file=sys.stderr)
     return result.exit_code
+
+
+def _submission_dir(output: str) -> Path:
+    """OUTPUT/slurm/TIME-XXXX: where a submitted job's script and output go."""
+    from trainfleet.launch import new_run_id
+
+    return Path(output).absolute() / "slurm" / new_run_id()

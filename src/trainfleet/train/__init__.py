@@ -75,13 +75,16 @@ def run_train(
     hang_timeout: float | None = HANG_TIMEOUT_S,
     startup_timeout: float | None = 1800.0,
     max_restarts: int = 0,
+    backend: str | None = None,
     out: TextIO | None = None,
 ) -> tuple[LaunchResult, Plan]:
     """Check, tokenize, launch; after a crash, a hang or a stall, up to `max_restarts` times:
     the quick preflight again and a new launch that resumes from the latest checkpoint
     (`launch/restarts.py`). Returns (LaunchResult, plan); raises PreflightFailed when the
-    quick doctor finds errors, TrainfleetError for bad input (nothing started then)."""
+    quick doctor finds errors, TrainfleetError for bad input (nothing started then).
+    `backend`: a launch backend's name (None: the cluster's default, `backends.default_for`)."""
     from trainfleet.launch import LaunchOptions, new_run_id
+    from trainfleet.launch.backends import default_for
     from trainfleet.launch.restarts import launch_with_restarts
     from trainfleet.train import data
 
@@ -114,6 +117,7 @@ def run_train(
     encoded = base64.b64encode(json.dumps(spec).encode()).decode()
     options = LaunchOptions(
         command=("-m", "trainfleet.train.worker", encoded),
+        backend=backend or default_for(cluster),
         run_id=new_run_id(),
         local_rank_arg="never",
         join_timeout=join_timeout,

@@ -2,7 +2,7 @@
 and help, `launch.prepare` and `launch.launch` read.
 
     >>> list(BACKENDS)
-    ['ssh', 'deepspeed']
+    ['ssh', 'deepspeed', 'slurm']
     >>> backend_for("deepspeed").summary
     "DeepSpeed's own runner (pdsh), each node still given its own environment"
 
@@ -10,17 +10,19 @@ A backend is one module here holding all of it: its plan and `--dry-run` text, i
 how each is stopped, its cleanup, its preflight and how its ranks' stacks are dumped
 (`launch/backend.py`'s `LaunchBackend`). `ssh.py` (torchrun on every node through trainfleet's
 bootstrap) and `deepspeed.py` (DeepSpeed's runner over pdsh) reach their nodes over ssh alike
-(`over_ssh.py`). A third (Slurm) is one more module, registered below; `register` also takes one
-from outside (a test's).
+(`over_ssh.py`). `slurm.py` is the ssh backend's plan with each node's bootstrap started as a
+step of the Slurm job the launch runs in; it is the default there (`default_for`). `register`
+also takes a backend from outside (a test's).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from trainfleet.cluster import Cluster
 from trainfleet.errors import TrainfleetError
 from trainfleet.launch.backend import LaunchBackend, Plan
-from trainfleet.launch.backends import deepspeed, ssh
+from trainfleet.launch.backends import deepspeed, slurm, ssh
 from trainfleet.launch.options import DEFAULT_BACKEND
 
 BACKENDS: dict[str, LaunchBackend[Any]] = {}
@@ -39,6 +41,7 @@ def register(backend: LaunchBackend[Any]) -> LaunchBackend[Any]:
 
 register(ssh.BACKEND)
 register(deepspeed.BACKEND)
+register(slurm.BACKEND)
 
 
 def backend_for(plan_or_name: Plan | str) -> LaunchBackend[Any]:
@@ -48,12 +51,24 @@ def backend_for(plan_or_name: Plan | str) -> LaunchBackend[Any]:
     return BACKENDS[name]
 
 
+def default_for(cluster: Cluster) -> str:
+    """The backend a launch on `cluster` uses unless --backend says: `slurm` for the nodes of
+    the Slurm job it runs in, else DEFAULT_BACKEND."""
+    in_job = bool(cluster.nodes) and all(node.slurm is not None for node in cluster.nodes)
+    return slurm.BACKEND.name if in_job else DEFAULT_BACKEND
+
+
 def help_text() -> str:
     """`--backend`'s help: each backend's summary, the default said."""
     return "; ".join(
-        f"{name}: {backend.summary}{' (default)' if name == DEFAULT_BACKEND else ''}"
-        for name, backend in BACKENDS.items()
+        f"{name}: {backend.summary}{_default_said(name)}" for name, backend in BACKENDS.items()
     )
 
 
-__all__ = ["BACKENDS", "DEFAULT_BACKEND", "backend_for", "help_text", "register"]
+def _default_said(name: str) -> str:
+    if name == DEFAULT_BACKEND:
+        return " (default)"
+    return " (default inside a Slurm job)" if name == slurm.BACKEND.name else ""
+
+
+__all__ = ["BACKENDS", "DEFAULT_BACKEND", "backend_for", "default_for", "help_text", "register"]
