@@ -3,6 +3,7 @@ driven here through Slurm's own clients (srun, sbatch, squeue) as a user drives 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -10,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -280,4 +282,129 @@ def test_train_with_zero3_is_submitted_from_a_login_node(make_sandbox, tmp_path,
     assert steps[-1] == 2, steps
     assert (output / "final" / "config.json").exists()
     assert list((output / "slurm").glob("*/job.sbatch")), "the script stays beside the output"
+    assert _slurm(box, "squeue", "-h").stdout == ""
+
+
+def _job_of(follower, seen: list[str], *, until: str, count: int = 1) -> str:
+    """Reads the follower's lines into `seen` until `until` has appeared `count` times; the
+    job id it submitted."""
+    assert follower.stdout is not None
+    for line in follower.stdout:
+        seen.append(line)
+        if sum(until in s for s in seen) >= count:
+            break
+    found = re.search(r"submitted batch job (\d+)", "".join(seen))
+    assert found, "".join(seen)
+    return found[1]
+
+
+@contextlib.contextmanager
+def _requeued_jobs_start_at_once(box):
+    """Slurm holds a requeued job 120 s before it may start again (Reason=BeginTime); while
+    this runs, such a job's start time is moved to 5 s from now, as `scontrol update` lets
+    its user (at once, the new start could meet the last one's ends still on the nodes)."""
+    stop = threading.Event()
+    moved = set()
+
+    def release() -> None:
+        while not stop.wait(0.5):
+            for line in _slurm(box, "scontrol", "show", "job", "-o").stdout.splitlines():
+                held = re.search(r"JobId=(\d+) .*Reason=BeginTime .*Restarts=(\d+)", line)
+                start = held.groups() if held else None
+                if start and start not in moved:  # once: now+5 moves on
+                    moved.add(start)
+                    _slurm(box, "scontrol", "update", f"JobId={start[0]}", "StartTime=now+5")
+
+    thread = threading.Thread(target=release, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def test_a_requeue_job_checkpoints_on_the_time_limit_signal_and_resumes_after_a_preemption(
+    make_sandbox, tmp_path
+):
+    """`--requeue`: Slurm's signal before the time limit (`--signal=B:USR1`, sent here with
+    `scancel --batch --signal=USR1`, as Slurm sends it) reaches every rank through trainfleet,
+    the ranks save and exit, trainfleet requeues the job, and its next start resumes with
+    TRAINFLEET_RESTART=1. Then a preemption (`scontrol requeue`: SIGTERM, no warning): the
+    next start resumes from the script's last own checkpoint."""
+    box = make_sandbox(nodes=2, slurm=True)
+    script = Path(__file__).parent / "scripts" / "requeue_job.py"
+    stack = contextlib.ExitStack()
+    stack.enter_context(_requeued_jobs_start_at_once(box))
+    follower = _from_login_node(box, tmp_path, "--requeue", "--run-dir", "rq", "--",
+                                str(script), env={"CKPT": str(tmp_path / "ckpt")})  # fmt: skip
+    seen: list[str] = []
+    job = _job_of(follower, seen, until=" running\n", count=2)
+    signalled = _slurm(box, "scancel", "--batch", "--signal=USR1", job)
+    assert signalled.returncode == 0, signalled.stderr
+    _job_of(follower, seen, until="(restart 1)", count=2)
+    saved = re.search(r"rank 0 saved step (\d+) on SIGUSR1", "".join(seen))
+    assert saved, "".join(seen)
+    resumed_at = int(saved[1])
+    time.sleep(2)  # the second start runs on: preempt it
+    preempted = _slurm(box, "scontrol", "requeue", job)
+    assert preempted.returncode == 0, preempted.stderr
+    out, _ = follower.communicate(timeout=300)
+    stack.close()
+    out = "".join(seen) + out
+    assert follower.returncode == 0, out
+    assert f"job {job}: PENDING (BeginTime: may start at " in out, out
+    assert "got SIGUSR1: passed on to the ranks on gpu-node-1, gpu-node-2" in out, out
+    assert f"requeued Slurm job {job}" in out, out
+    assert f"rank 1 resumed at step {resumed_at} (restart 1)" in out, out
+    again = re.search(r"rank 1 resumed at step (\d+) \(restart 2\)", out)
+    assert again and int(again[1]) >= resumed_at, out
+    assert f"job {job}: Slurm requeued it: start 3 follows" in out, out
+    assert re.search(rf"job {job}: COMPLETED", out), out
+    log = [
+        json.loads(line)
+        for line in (tmp_path / "rq" / "restarts.jsonl").read_text().split("\n")
+        if line
+    ]
+    assert [(e["attempt"], e["cause"]) for e in log] == [
+        (1, f"Slurm started job {job} again"), (2, f"Slurm started job {job} again")
+    ]  # fmt: skip
+    assert (tmp_path / "rq.requeue-2" / "logs" / "gpu-node-2.rank1.log").exists()
+    assert _slurm(box, "squeue", "-h").stdout == ""
+    assert _left_of(script) == []
+
+
+@pytest.mark.usefixtures("no_train_job_left_behind")
+@pytest.mark.skipif(
+    any(importlib.util.find_spec(m) is None for m in ("deepspeed", "transformers", "datasets")),
+    reason="needs deepspeed, transformers and datasets (`make venv` installs them)",
+)
+def test_train_under_requeue_saves_on_the_time_limit_signal_and_resumes_from_it(
+    make_sandbox, tmp_path, assets
+):
+    """No periodic checkpoint (--save-steps 100): the one the requeued job resumes from is the
+    one the ranks saved on SIGUSR1, all after the same step."""
+    box = make_sandbox(nodes=2, slurm=True)
+    output = tmp_path / "out"
+    stack = contextlib.ExitStack()
+    stack.enter_context(_requeued_jobs_start_at_once(box))
+    follower = _from_login_node(
+        box, tmp_path, "--requeue", "--model", str(assets["model"]), "--data",
+        str(assets["data"]), "--output", str(output), "--zero", "3", "--max-steps", "12",
+        "--save-steps", "100", "--precision", "fp32", "--no-export", command="train",
+    )  # fmt: skip
+    seen: list[str] = []
+    job = _job_of(follower, seen, until="step 2/12")
+    signalled = _slurm(box, "scancel", "--batch", "--signal=USR1", job)
+    assert signalled.returncode == 0, signalled.stderr
+    out, _ = follower.communicate(timeout=420)
+    stack.close()
+    out = "".join(seen) + out
+    assert follower.returncode == 0, out
+    stopped = re.search(r"stopped after step (\d+) of 12 on SIGUSR1: checkpoint saved", out)
+    assert stopped, out
+    assert f"requeued Slurm job {job}" in out and f"resuming from checkpoint-{stopped[1]}" in out
+    rows = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
+    steps = [row["step"] for row in rows if "loss" in row]
+    assert steps == list(range(1, 13)), steps  # each step once: none lost, none repeated
     assert _slurm(box, "squeue", "-h").stdout == ""

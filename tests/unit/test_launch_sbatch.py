@@ -177,3 +177,29 @@ def test_inside_a_job_nodes_must_be_the_job_s(outside_slurm, monkeypatch, capsys
     monkeypatch.setenv("SLURM_JOB_NODELIST", "n[1-2]")
     assert main(["launch", "--backend", "slurm", "--nodes", "3", "--", "t.py"]) == 1
     assert "--nodes 3, but Slurm job 7 has 2 node(s) (n1, n2)" in capsys.readouterr().err
+
+
+def test_requeue_makes_the_job_requeueable_appending_and_signalled_before_its_end(
+    outside_slurm, capsys
+):
+    request = sbatch.BatchRequest(nodes=2, time="4:00:00", requeue=True, signal_before_s=300)
+    assert request.directives("o")[-3:] == [
+        "#SBATCH --requeue", "#SBATCH --open-mode=append", "#SBATCH --signal=B:USR1@300"
+    ]  # fmt: skip
+    assert main(["launch", "--backend", "slurm", "--nodes", "2", "--signal-before", "60",
+                 "--", "t.py"]) == 1  # fmt: skip
+    assert "--signal-before without --requeue: add --requeue" in capsys.readouterr().err
+
+
+def test_a_rank_under_requeue_keeps_running_on_the_signal_and_flags_it():
+    import signal
+
+    from trainfleet.train.preempt import Preemption
+
+    before = signal.getsignal(signal.SIGUSR1)
+    try:
+        flag = Preemption.listen("USR1")
+        os.kill(os.getpid(), signal.SIGUSR1)  # SIGUSR1's default would end this process
+        assert flag.got and not flag.agreed
+    finally:
+        signal.signal(signal.SIGUSR1, before)

@@ -85,6 +85,29 @@ def test_closing_stdin_kills_every_process_of_the_job_even_in_another_session():
     assert _pids_with(f"sleep {marker}") == []
 
 
+def test_a_signal_line_reaches_the_commands_children_and_not_the_command(tmp_path):
+    """`signal USR1` on the lifeline: under torchrun the command is the agent, which SIGUSR1
+    would kill, and its children are the ranks, whose handler saves a checkpoint."""
+    rank = tmp_path / "rank.py"
+    rank.write_text(
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGUSR1, lambda *_: (print('rank got USR1', flush=True),"
+        " sys.exit(0)))\n"
+        "print('rank ready', flush=True)\n"
+        "time.sleep(60)\n"
+        "sys.exit(3)\n"
+    )
+    agent = f"import subprocess, sys; sys.exit(subprocess.call([sys.executable, '{rank}']))"
+    proc = _start([sys.executable, "-c", agent])
+    assert proc.stdout.readline() == b"rank ready\n"
+    proc.stdin.write(b"signal USR1\n")
+    proc.stdin.flush()
+    assert proc.stdout.readline() == b"rank got USR1\n"
+    assert proc.wait(timeout=20) == 0  # the agent lived on and ended with its rank's code
+    assert b"trainfleet: SIGUSR1 passed on to pid(s) " in proc.stderr.read()
+    proc.stdin.close()
+
+
 def test_a_silent_launcher_stops_the_job_after_the_lifeline():
     """Keepalive lines keep the job running; once they stop coming (a link down: stdin stays
     open, nothing arrives) the job is stopped after `lifeline` seconds."""

@@ -249,6 +249,17 @@ def test_a_restarted_launch_run_dir_gives_its_latest_attempt(tmp_path):
     assert find_status_file(Path("job.restart-2"), cwd=tmp_path).parent.name == "job.restart-2"
 
 
+def test_a_requeued_slurm_job_s_run_dir_gives_its_latest_start_and_restart(tmp_path):
+    """`--requeue`: start N of the Slurm job in job.requeue-N, its --max-restarts attempts in
+    job.requeue-N.restart-M; a name that only begins like it is another run's."""
+    write_run(tmp_path / "job", recorded("hung"))
+    for name in ("job.restart-3", "job.requeue-1", "job.requeue-2", "job.requeue-2.restart-1",
+                 "job.requeue-10x", "job.old"):  # fmt: skip
+        write_run(tmp_path / name, dict(recorded("running_straggler")))
+    latest = tmp_path / "job.requeue-2.restart-1" / "status.json"
+    assert find_status_file(Path("job"), cwd=tmp_path) == latest
+
+
 def test_a_train_output_gives_its_newest_run(tmp_path, monkeypatch, capsys):
     output = tmp_path / "out"
     for run_id, started in [("a", 100.0), ("b", 300.0), ("c", 200.0)]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -177,7 +177,8 @@ def cluster_from_args(args: argparse.Namespace) -> Cluster:
     return cluster
 
 
-SLURM_FLAGS = ("nodes", "partition", "time", "gpus_per_node", "account", "job_name", "sbatch_arg")
+SLURM_FLAGS = ("nodes", "partition", "time", "gpus_per_node", "account", "job_name", "sbatch_arg",
+               "requeue", "signal_before")  # fmt: skip
 """`add_slurm_arguments`' destinations."""
 
 
@@ -200,12 +201,29 @@ def add_slurm_arguments(parser: argparse.ArgumentParser) -> None:
         help="any other sbatch option, one per flag: --sbatch-arg=--exclusive "
         "--sbatch-arg=--exclude=gpu-node-3",
     )
+    group.add_argument(
+        "--requeue",
+        action="store_true",
+        help="before the time limit (or when Slurm requeues the job: preemption, scontrol "
+        "requeue), the ranks checkpoint and stop and the job starts again, resuming: train "
+        "from its latest checkpoint, a script on TRAINFLEET_PREEMPT_SIGNAL (SIGUSR1) and "
+        "TRAINFLEET_RESTART (docs/slurm.md)",
+    )
+    group.add_argument(
+        "--signal-before",
+        type=int,
+        metavar="S",
+        help="with --requeue: seconds before the time limit at which the ranks get SIGUSR1 to "
+        "checkpoint (default 180; Slurm may send it up to 60 s early)",
+    )
 
 
 def submits_job(args: argparse.Namespace) -> bool:
     """Whether this command submits itself as a Slurm batch job (`--backend slurm` outside
     one) rather than running here; Slurm options given without it are refused, since they
     would do nothing, and inside a job --nodes must be the job's."""
+    if args.signal_before and not args.requeue:
+        raise TrainfleetError("--signal-before without --requeue", "add --requeue")
     job = allocation(os.environ)
     if args.backend == "slurm" and job is None:
         return True
@@ -254,7 +272,10 @@ def submit_job(args: argparse.Namespace, *, run_dir: str | None, directory: Path
         account=args.account,
         job_name=args.job_name or "trainfleet",
         sbatch_args=tuple(args.sbatch_arg),
+        requeue=args.requeue,
+        signal_before_s=args.signal_before or 180,
     )
+    sbatch.check_export(os.environ)
     words = list(args.argv)
     subcommand = args.command_name
     words = words[words.index(subcommand) + 1 :]
@@ -288,3 +309,45 @@ def submit_job(args: argparse.Namespace, *, run_dir: str | None, directory: Path
     if args.json:
         print(json.dumps({**end.to_json(), "script": str(directory / "job.sbatch")}, indent=2))
     return end.exit_code
+
+
+@dataclass(frozen=True, slots=True)
+class InJob:
+    """What a command run inside a Slurm job takes from it for `--requeue`."""
+
+    job_id: str | None
+    restart: int
+    """SLURM_RESTART_COUNT: how many times Slurm started this job again (0 outside one)."""
+    preempt_signal: str | None
+    """USR1 when the job was submitted with --requeue: what the ranks get before its end."""
+
+
+def in_job(args: argparse.Namespace) -> InJob:
+    job = allocation(os.environ)
+    if job is None:
+        return InJob(job_id=None, restart=0, preempt_signal=None)
+    count = os.environ.get("SLURM_RESTART_COUNT", "0")
+    return InJob(
+        job_id=job.job_id,
+        restart=int(count) if count.isdigit() else 0,
+        preempt_signal="USR1" if args.requeue else None,
+    )
+
+
+def requeue_if_signalled(job: InJob, signalled: str | None) -> bool:
+    """After a run that got the job's time-limit signal: `scontrol requeue` (the job starts
+    again and resumes); whether it was asked."""
+    import subprocess
+    import sys
+
+    if job.job_id is None or job.preempt_signal is None or signalled != job.preempt_signal:
+        return False
+    done = subprocess.run(["scontrol", "requeue", job.job_id], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise TrainfleetError(
+            f"`scontrol requeue {job.job_id}` failed: {done.stderr.strip()}",
+            "the ranks' checkpoint is saved: submit the same command again to resume",
+        )
+    print(f"trainfleet: requeued Slurm job {job.job_id}: its next start resumes from the"
+          " checkpoint just saved", file=sys.stderr, flush=True)  # fmt: skip
+    return True

@@ -22,7 +22,9 @@ from trainfleet.cli.common import (
     add_startup_timeout_argument,
     cluster_from_args,
     command_after_dashes,
+    in_job,
     preflight_lines,
+    requeue_if_signalled,
     submit_job,
     submits_job,
 )
@@ -234,7 +236,7 @@ def render_outcome(result: LaunchResult, plan: Plan) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from trainfleet.launch import LaunchOptions, PreflightFailed, new_run_id, prepare
-    from trainfleet.launch.restarts import launch_with_restarts
+    from trainfleet.launch.restarts import launch_with_restarts, slurm_restart
 
     if args.max_restarts < 0:
         raise TrainfleetError(f"--max-restarts {args.max_restarts}", "pass 0 or more")
@@ -244,6 +246,12 @@ def run(args: argparse.Namespace) -> int:
     if submits_job(args):
         return submit_job(args, run_dir=str(run_dir.absolute()), directory=run_dir)
     cluster = cluster_from_args(args)
+    job = in_job(args)
+    requeued = []
+    if job.restart and job.job_id:  # Slurm started this job again: the script resumes
+        requeued = slurm_restart(run_dir / "restarts.jsonl", job=job.job_id,
+                                 restart=job.restart, run_id=run_id)  # fmt: skip
+        run_dir = run_dir.with_name(f"{run_dir.name}.requeue-{job.restart}")
     options = LaunchOptions(
         command=command,
         backend=args.backend or backends.default_for(cluster),
@@ -255,6 +263,8 @@ def run(args: argparse.Namespace) -> int:
         join_timeout=args.join_timeout,
         hang_timeout=args.hang_timeout or None,
         startup_timeout=args.startup_timeout or None,
+        preempt_signal=job.preempt_signal,
+        restart=job.restart,
     )
 
     def print_notes(plan: Plan, _report: DoctorReport) -> None:
@@ -273,7 +283,9 @@ def run(args: argparse.Namespace) -> int:
             options,
             max_restarts=args.max_restarts,
             run_dir_of=lambda o: (
-                run_dir.with_name(f"{run_dir.name}.restart-{o.restart}") if o.restart else run_dir
+                run_dir
+                if o.run_id == options.run_id
+                else run_dir.with_name(f"{run_dir.name}.restart-{o.restart}")
             ),
             log=run_dir / "restarts.jsonl",
             then="the command starts again with TRAINFLEET_RESTART set (resuming is the script's)",
@@ -281,6 +293,7 @@ def run(args: argparse.Namespace) -> int:
             on_first_plan=print_notes,
             # With --json, stdout holds only the JSON outcome: the ranks' lines go to stderr.
             out=sys.stderr if args.json else sys.stdout,
+            requeued=requeued,
         )
     except PreflightFailed as exc:
         print("\n".join(preflight_lines(exc.report.findings, args)), file=sys.stderr)
@@ -289,4 +302,6 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(result.to_json(), indent=2))
     else:
         print(render_outcome(result, plan), file=sys.stderr)
+    if requeue_if_signalled(job, result.signalled):
+        return 0
     return result.exit_code

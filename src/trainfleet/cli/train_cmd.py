@@ -19,7 +19,9 @@ from trainfleet.cli.common import (
     add_slurm_arguments,
     add_startup_timeout_argument,
     cluster_from_args,
+    in_job,
     preflight_lines,
+    requeue_if_signalled,
     submit_job,
     submits_job,
 )
@@ -206,6 +208,7 @@ def run(args: argparse.Namespace) -> int:
                   " the job fails unless its nodes have it", file=sys.stderr)  # fmt: skip
         return submit_job(args, run_dir=None, directory=_submission_dir(config.output))
     cluster = cluster_from_args(args)
+    job = in_job(args)
     try:
         result, plan = run_train(
             cluster,
@@ -216,6 +219,8 @@ def run(args: argparse.Namespace) -> int:
             startup_timeout=args.startup_timeout or None,
             max_restarts=args.max_restarts,
             backend=args.backend,
+            preempt_signal=job.preempt_signal,
+            slurm_restart=(job.job_id, job.restart) if job.job_id and job.restart else None,
             # With --json, stdout holds only the JSON outcome.
             out=sys.stderr if args.json else None,
         )
@@ -226,6 +231,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({**result.to_json(), **outcome_of(config.output)}, indent=2))
     else:
         print(render_outcome(result, plan), file=sys.stderr)
+    if requeue_if_signalled(job, result.signalled):
+        return 0
     return result.exit_code
 
 

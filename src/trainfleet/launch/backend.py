@@ -98,6 +98,17 @@ class Channel:
             except (BrokenPipeError, ConnectionResetError, RuntimeError):
                 pass  # its end is seen by the supervisor's watch
 
+    def pass_signal(self, proc: asyncio.subprocess.Process, name: str) -> bool:
+        """`signal NAME` down a lifeline: its bootstrap passes SIGNAME on to the node's ranks
+        (`bootstrap.FORWARDED`); False for a channel without one (DeepSpeed's runner)."""
+        if not self.lifeline or proc.stdin is None or proc.returncode is not None:
+            return False
+        try:
+            proc.stdin.write(f"signal {name}\n".encode())
+        except (BrokenPipeError, ConnectionResetError, RuntimeError):
+            return False
+        return True
+
     def ask_to_stop(self, proc: asyncio.subprocess.Process) -> None:
         """The first step of every stop, as `stop_by` says."""
         try:

@@ -59,6 +59,9 @@ class LaunchOptions:
     beats before the first step: loading, tokenizing) before the run is HUNG in its startup;
     None: not judged. The hang timeout starts at the first step; once every rank has beaten its
     last step (the final save, an export), this bound applies again."""
+    preempt_signal: str | None = None
+    """USR1 under `--requeue` in a Slurm job: set on every rank as TRAINFLEET_PREEMPT_SIGNAL,
+    the signal it gets before the job's time limit (launch/sbatch.py)."""
     restart: int = 0
     """How many times this run has been restarted (`--max-restarts`): TRAINFLEET_RESTART on
     every rank, so that a script knows to resume."""

@@ -112,18 +112,22 @@ def launch_with_restarts(
     preflight: bool = True,
     on_first_plan: Callable[[Plan, DoctorReport], None] | None = None,
     out: TextIO | None = None,
+    requeued: list[dict] | None = None,
 ) -> tuple[LaunchResult, Plan]:
     """Prepare and launch; after a restartable end, up to `max_restarts` times again with a new
     run id (`run_dir_of` names each attempt's run directory). The first attempt's preflight
     errors are raised as they are (PreflightFailed: nothing started); a later one's give up
     with every cause so far. `on_first_plan` runs once, before the first launch; `then` ends
-    the restart message ("the command starts again")."""
+    the restart message ("the command starts again"). `requeued`: the starts of this Slurm
+    job before this one (`--requeue`), shown with the restarts in status, not counted."""
     out = out or sys.stdout
     restarts: list[dict] = []
     while True:
         attempt = options
         if restarts:
-            attempt = dataclasses.replace(options, run_id=new_run_id(), restart=len(restarts))
+            # Counted on from the Slurm job's own restarts (`--requeue`), if any.
+            restart = options.restart + len(restarts)
+            attempt = dataclasses.replace(options, run_id=new_run_id(), restart=restart)
         run_dir = run_dir_of(attempt)
         try:
             plan, report = prepare(cluster, attempt, preflight=preflight, run_dir=run_dir)
@@ -137,8 +141,11 @@ def launch_with_restarts(
             ) from None
         if not restarts and on_first_plan:
             on_first_plan(plan, report)
-        result = launch(plan, cluster, run_dir=run_dir, out=out, restarts=restarts)
+        result = launch(plan, cluster, run_dir=run_dir, out=out,
+                        restarts=[*(requeued or []), *restarts])  # fmt: skip
         if result.state not in RESTARTABLE or len(restarts) >= max_restarts:
+            return result, plan
+        if result.signalled:  # the job's time is up: Slurm requeues it (`--requeue`)
             return result, plan
         ended = end_cause(result)
         cause = str(ended)
@@ -153,6 +160,20 @@ def launch_with_restarts(
             file=out,
             flush=True,
         )
+
+
+def slurm_restart(log: Path, *, job: str, restart: int, run_id: str) -> list[dict]:
+    """This Slurm job started again (SLURM_RESTART_COUNT `restart`, `--requeue`): logged as
+    an attempt; every attempt logged so far, for status."""
+    log.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    record(log, attempt=restart, run_id=run_id, cause=f"Slurm started job {job} again")
+    entries = []
+    for line in log.read_text().splitlines():
+        try:
+            entries.append(json.loads(line))
+        except ValueError:
+            continue  # a line cut short when the job was killed
+    return entries
 
 
 def causes(restarts: list[dict]) -> str:

@@ -61,6 +61,9 @@ class LaunchResult:
     """HUNG: what the watchdog and the stack dumps found; the same record as status.json's."""
     restarts: list = field(default_factory=list)
     """The restarts before this run (`launch/restarts.py`), as given to `supervise`."""
+    signalled: str | None = None
+    """USR1 or USR2 when trainfleet got that signal during the run and passed it on to every
+    rank (a Slurm job's time-limit signal under `--requeue`)."""
 
     def to_json(self) -> dict:
         return {
@@ -75,6 +78,7 @@ class LaunchResult:
             "diagnosis": [f.to_json() for f in self.diagnosis],
             "hang": self.hang.to_json() if self.hang else None,
             "restarts": self.restarts,
+            "signalled": self.signalled,
         }
 
 

@@ -37,7 +37,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -53,6 +53,10 @@ ENDED = frozenset(
      "OUT_OF_MEMORY", "PREEMPTED", "TIMEOUT", GONE)
 )  # fmt: skip
 """Job states after which nothing of the job runs any more (COMPLETING still has steps)."""
+REQUEUED_FROM = frozenset(("PREEMPTED", "NODE_FAIL", "REQUEUED"))
+"""States a requeueable job (`--requeue`) passes through on its way back to PENDING."""
+REQUEUE_WAIT_S = 120.0
+"""How long a requeueable job may stay in one of them before it is taken as its end."""
 WHY_ENDED = {
     GONE: "slurmctld no longer holds it, and Slurm's accounting (`sacct -j JOB`) has its end",
     "TIMEOUT": "it reached its time limit (--time)",
@@ -87,6 +91,11 @@ class BatchRequest:
     job_name: str = "trainfleet"
     sbatch_args: tuple[str, ...] = ()
     """More sbatch options, one `--name=value` each, written as given."""
+    requeue: bool = False
+    """Requeueable, its output appended to on each start, and SIGUSR1 to trainfleet in the job
+    `signal_before_s` before the time limit (`--signal=B:USR1@S`): the ranks checkpoint and
+    stop, the job is requeued, and its next start resumes (SLURM_RESTART_COUNT)."""
+    signal_before_s: int = 180
 
     def __post_init__(self) -> None:
         if self.nodes < 1:
@@ -117,6 +126,13 @@ class BatchRequest:
         for name, value in asked.items():
             if value is not None:
                 options.append(f"--{name}={value}")
+        if self.requeue:
+            # B: the batch script alone, that is trainfleet, which passes it on to the ranks.
+            options += [
+                "--requeue",
+                "--open-mode=append",
+                f"--signal=B:USR1@{self.signal_before_s}",
+            ]
         return [f"#SBATCH {option}" for option in (*options, *self.sbatch_args)]
 
 
@@ -137,6 +153,26 @@ def batch_script(
         f"exec {shlex.join(argv)}",
     ]
     return "\n".join(lines) + "\n"
+
+
+def check_export(env: Mapping[str, str]) -> None:
+    """The job must start with this shell's environment (PATH, the venv, HF_*): sbatch's
+    default. SBATCH_EXPORT in the environment overrides any `#SBATCH --export` of the script,
+    and NONE or a list without ALL gives the script almost nothing.
+
+    >>> check_export({"SBATCH_EXPORT": "ALL,HF_HOME=/data"})
+    >>> check_export({"SBATCH_EXPORT": "NONE"})
+    Traceback (most recent call last):
+    ...
+    trainfleet.errors.TrainfleetError: SBATCH_EXPORT=NONE in this shell: ...
+    """
+    given = env.get("SBATCH_EXPORT")
+    if given is not None and given.split(",")[0] != "ALL":
+        raise TrainfleetError(
+            f"SBATCH_EXPORT={given} in this shell: the job would start without its environment"
+            " (PATH, this Python, the variables trainfleet passes to the ranks)",
+            "unset SBATCH_EXPORT for this command, or set it to ALL,NAME=VALUE...",
+        )
 
 
 def inner_argv(python: str, subcommand: str, args: Sequence[str], run_dir: str | None) -> list[str]:
@@ -194,16 +230,23 @@ class JobState:
     nodes: str = ""
     exit_status: int = 0
     signal: int = 0
+    restarts: int = 0
+    """How many times Slurm started the job again (requeue, preemption)."""
+    eligible: str = ""
+    """When a job held by its BeginTime may start: Slurm holds a requeued job 120 s."""
 
     @classmethod
     def parse(cls, text: str) -> JobState | None:
         """scontrol's one-line record; None when it holds no JobState.
 
         >>> JobState.parse("JobId=7 JobName=t JobState=FAILED Reason=NonZeroExitCode "
-        ...                "ExitCode=3:0 NodeList=n[1-2] BatchHost=n1")
-        JobState(state='FAILED', reason='NonZeroExitCode', nodes='n[1-2]', exit_status=3, signal=0)
+        ...                "Restarts=1 ExitCode=3:0 NodeList=n[1-2] BatchHost=n1").said()
+        'FAILED on n[1-2] (NonZeroExitCode)'
+        >>> JobState.parse("JobId=7 JobState=FAILED ExitCode=3:0 Restarts=1").exit_code
+        3
         """
-        fields = dict(re.findall(r"(?:^|\s)(JobState|Reason|NodeList|ExitCode)=(\S*)", text))
+        keys = r"(?:^|\s)(JobState|Reason|NodeList|ExitCode|Restarts|EligibleTime)=(\S*)"
+        fields = dict(re.findall(keys, text))
         if "JobState" not in fields:
             return None
         status, _, sig = fields.get("ExitCode", "0:0").partition(":")
@@ -213,11 +256,15 @@ class JobState:
             nodes=fields.get("NodeList", "") if fields.get("NodeList") != "(null)" else "",
             exit_status=int(status) if status.isdigit() else 0,
             signal=int(sig) if sig.isdigit() else 0,
+            restarts=int(restarts) if (restarts := fields.get("Restarts", "")).isdigit() else 0,
+            eligible=fields.get("EligibleTime", "").partition("T")[2],
         )
 
     def said(self) -> str:
         where = f" on {self.nodes}" if self.nodes and self.state != "PENDING" else ""
         why = f" ({self.reason})" if self.reason not in ("None", "") else ""
+        if self.reason == "BeginTime" and self.eligible:
+            why = f" (BeginTime: may start at {self.eligible})"
         return f"{self.state}{where}{why}"
 
     @property
@@ -306,8 +353,12 @@ class _Watch:
     """What following one job has seen so far: its last state, since when it runs, whether
     it was cancelled from here, and its output file read so far."""
 
-    def __init__(self, job: str, output: Path, out: TextIO, say: Callable[[str], None]) -> None:
+    def __init__(
+        self, job: str, output: Path, out: TextIO, say: Callable[[str], None], requeue: bool
+    ) -> None:
         self.job = job
+        self.requeue = requeue
+        self.requeuing_since: float | None = None
         self.output = output
         self.tail = OutputTail(output, out)
         self.say = say
@@ -326,11 +377,18 @@ class _Watch:
             # slurmctld forgot the job (MinJobAge) or has not answered for two minutes.
             return clock - self.heard_at > 120
         self.heard_at = clock
+        if self.last is not None and now.restarts > self.last.restarts:
+            self.say(f"job {self.job}: Slurm requeued it: start {now.restarts + 1} follows")
         if self.last is None or now.said() != self.last.said():
             self.say(f"job {self.job}: {now.said()}")
         self.last = now
         if now.state == "RUNNING" and self.running_since is None:
             self.running_since = clock
+        if self.requeue and now.state in REQUEUED_FROM and not self.stopping:
+            # On its way back to the queue, unless it stays there.
+            self.requeuing_since = self.requeuing_since or clock
+            return clock - self.requeuing_since > REQUEUE_WAIT_S
+        self.requeuing_since = None
         if now.ended:
             return True
         if (self.running_since is not None and not self.tail.seen and not self.warned_no_output
@@ -399,10 +457,13 @@ def follow(
     say: Callable[[str], None],
     poll_s: float = 1.0,
     look_at: Callable[[str], JobState | None] = look,
+    requeue: bool = False,
 ) -> JobEnd:
     """Until the job ends: its state when it changes (`say`), its output as it grows (`out`).
-    Ctrl-C stops it (`_Watch.stop`) and waits for it to end; a second Ctrl-C stops waiting."""
-    watch = _Watch(job, output, out, say)
+    Ctrl-C stops it (`_Watch.stop`) and waits for it to end; a second Ctrl-C stops waiting.
+    `requeue`: the job was submitted requeueable, and its passing through PREEMPTED, NODE_FAIL
+    or REQUEUED on its way back to the queue is not its end."""
+    watch = _Watch(job, output, out, say, requeue)
     while True:
         try:
             if watch.saw(look_at(job)):
@@ -448,4 +509,4 @@ def submit_and_follow(
     job = submit(script_path)
     job_output = Path(output.replace("%j", job))
     say(f"submitted batch job {job} ({script_path}); its output: {job_output}")
-    return follow(job, job_output, out=out, say=say)
+    return follow(job, job_output, out=out, say=say, requeue=request.requeue)

@@ -65,6 +65,9 @@ class _Run:
         self.first_failure: str | None = None
         self.failure_code: int | None = None
         self.interrupted = asyncio.Event()
+        self.signalled: str | None = None
+        """SIGUSR1/2 this process got and passed on to every rank (a Slurm job's time-limit
+        signal, `--requeue`)."""
         self.not_joined: set[int] = set()
         self.status_written = 0.0
         self.keepalive_sent = 0.0
@@ -170,6 +173,13 @@ class _Run:
         if force or now - self.status_written >= STATUS_EVERY_S:
             self.facts.progress.write(self.run_dir / "status.json", state=self.state.value, now=now)
             self.status_written = now
+
+    def pass_on(self, sig: signal.Signals) -> None:
+        """A signal to this process goes to every rank on every node (their bootstraps)."""
+        name = sig.name.removeprefix("SIG")
+        self.signalled = name
+        reached = [n for n, p in self.procs.items() if self.channels[n].pass_signal(p, name)]
+        self.output.note(f"got SIG{name}: passed on to the ranks on {', '.join(reached) or 'none'}")
 
     def _keepalive(self) -> None:
         """An empty line to every bootstrap: it stops its job when they stop coming."""
@@ -307,6 +317,10 @@ async def _supervise(
     callers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     for sig in callers:
         loop.add_signal_handler(sig, run.interrupted.set)
+    passed = (signal.SIGUSR1, signal.SIGUSR2)
+    callers.update({sig: signal.getsignal(sig) for sig in passed})
+    for sig in passed:
+        loop.add_signal_handler(sig, run.pass_on, sig)
     diagnosis = None
     try:
         await run.start(channels)
@@ -326,6 +340,7 @@ async def _supervise(
         run.output.close()
     result = run.result()
     result.restarts = run.facts.progress.restarts
+    result.signalled = run.signalled
     if diagnosis is not None:
         result.diagnosis = await diagnosis
         result.seconds = time.monotonic() - run.started

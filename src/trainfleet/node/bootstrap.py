@@ -15,6 +15,10 @@ child subreaper (prctl), so that workers which leave their parent's session (tor
 each rank in a new session) or lose their parent are still its descendants. They are found by
 pid from /proc, never by name.
 
+A line `signal USR1` (or USR2) on the lifeline passes that signal on to the command's children:
+under torchrun, its ranks, and not the agent, which would die of it. That is how a signal Slurm
+sends trainfleet before a job's time limit (`--requeue`) reaches the ranks on every node.
+
 The job is a BootstrapJob. It has no answer: the command's output streams through, with the
 marks the launcher reads while it runs (`@@trainfleet:RUN_ID:pid:N` here, the shim's), and its
 exit code is the node's.
@@ -57,9 +61,9 @@ def become_subreaper():
         pass  # not Linux: orphans go to init, the session kill still reaches them
 
 
-def descendants(root: int) -> List[int]:
-    """Pids below `root`, from /proc (children first found by their parent pid)."""
-    children: Dict[int, List[int]] = {}
+def child_table() -> Dict[int, List[int]]:
+    """Parent pid -> its children's pids, from /proc."""
+    table: Dict[int, List[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -70,13 +74,23 @@ def descendants(root: int) -> List[int]:
             continue
         # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
         ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
+        table.setdefault(ppid, []).append(int(entry))
+    return table
+
+
+def descendants(root: int) -> List[int]:
+    """Pids below `root`."""
+    table = child_table()
     found, todo = [], [root]
     while todo:
-        for child in children.get(todo.pop(), []):
+        for child in table.get(todo.pop(), []):
             found.append(child)
             todo.append(child)
     return found
+
+
+FORWARDED = {"USR1": signal.SIGUSR1, "USR2": signal.SIGUSR2}
+"""The signals a `signal NAME` line may pass on."""
 
 
 def signal_all(pids, sig):
@@ -129,10 +143,21 @@ def main(job: BootstrapJob) -> int:
     stop = threading.Event()
     heard = [time.monotonic()]  # when the launcher last wrote
 
+    command: List[int] = []  # its pid, once started
+
     def watch_stdin():
         try:
-            while sys.stdin.readline():
+            for line in iter(sys.stdin.readline, ""):
                 heard[0] = time.monotonic()
+                word = line.split()
+                if len(word) == 2 and word[0] == "signal" and word[1] in FORWARDED and command:
+                    pids = child_table().get(command[0]) or command
+                    signal_all(pids, FORWARDED[word[1]])
+                    sys.stderr.write(
+                        "trainfleet: SIG%s passed on to pid(s) %s\n"
+                        % (word[1], " ".join(map(str, pids)))
+                    )
+                    sys.stderr.flush()
         except (OSError, ValueError):
             pass
         stop.set()
@@ -160,6 +185,7 @@ def main(job: BootstrapJob) -> int:
         except OSError as exc:
             sys.stderr.write("trainfleet: cannot start %s: %s\n" % (argv[0], exc))
             return 127
+        command.append(proc.pid)
         sys.stderr.write("@@trainfleet:%s:pid:%d\n" % (job["run_id"], os.getpid()))
         sys.stderr.flush()
         threading.Thread(target=watch_stdin, daemon=True).start()

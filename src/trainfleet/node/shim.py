@@ -60,6 +60,10 @@ LOCAL_RANK_ARG_ENV = "TRAINFLEET_LOCAL_RANK_ARG"
 """auto | always | never: whether the script gets `--local_rank=N`."""
 NO_PYTHON_ENV = "TRAINFLEET_NO_PYTHON"
 """1: every command runs as an executable, never in this process (`launch --no-python`)."""
+PREEMPT_SIGNAL_ENV = "TRAINFLEET_PREEMPT_SIGNAL"
+"""USR1 under `--requeue`: the signal each rank gets before the Slurm job's time limit. The
+script saves a checkpoint and exits 0; the job is requeued and the script, started again with
+TRAINFLEET_RESTART=N, resumes from it. `trainfleet train` does this itself."""
 
 
 def mark(event):
@@ -427,7 +431,8 @@ def run_executable(word, path, args):
     def forward(signum, _frame):
         child.send_signal(signum)
 
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    # SIGUSR1/2 too: the bootstrap passes a Slurm job's time-limit signal on to the ranks.
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, forward)
     code = child.wait()
     code = code if code >= 0 else 128 - code  # killed by signal N: 128+N, as a shell says

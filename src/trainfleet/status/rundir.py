@@ -14,13 +14,15 @@ trainfleet-runs/RUN_ID under the directory it was started from; `trainfleet trai
 OUTPUT/runs/RUN_ID. `find_status_file` takes any of: the run dir, its status.json, a
 `trainfleet train` OUTPUT dir, a trainfleet-runs dir, or the directory a launch was started
 from; a directory with several runs gives its newest (the latest `started_at`). A launch's
-run dir that was restarted (`--max-restarts`: RUN_DIR.restart-1, -2... beside it) gives its
-latest attempt; its own status.json, passed as a file, gives the first.
+run dir that was restarted (`--max-restarts`: RUN_DIR.restart-1, -2... beside it; a Slurm
+job's later starts, `--requeue`: RUN_DIR.requeue-1...) gives its latest attempt; its own
+status.json, passed as a file, gives the first.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -80,12 +82,15 @@ def _started_at(path: Path) -> float:
 
 
 def _latest_attempt(run_dir: Path) -> Path:
-    """`launch --max-restarts` runs attempt N in RUN_DIR.restart-N beside the first."""
-    attempts = {run_dir: 0}
-    for later in run_dir.parent.glob(f"{run_dir.name}.restart-*/{STATUS_FILE}"):
-        number = later.parent.name.rpartition("-")[2]
-        if number.isdigit():
-            attempts[later.parent] = int(number)
+    """`launch --max-restarts` runs attempt M in RUN_DIR.restart-M beside the first; a Slurm
+    job's start N (`--requeue`) runs in RUN_DIR.requeue-N, its restarts in
+    RUN_DIR.requeue-N.restart-M."""
+    attempts = {run_dir: (0, 0)}
+    for later in run_dir.parent.glob(f"{run_dir.name}.*/{STATUS_FILE}"):
+        found = re.fullmatch(r"(?:\.requeue-(\d+))?(?:\.restart-(\d+))?",
+                             later.parent.name.removeprefix(run_dir.name))  # fmt: skip
+        if found and any(found.groups()):
+            attempts[later.parent] = (int(found[1] or 0), int(found[2] or 0))
     return max(attempts, key=attempts.__getitem__)
 
 

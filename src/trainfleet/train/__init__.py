@@ -76,14 +76,19 @@ def run_train(
     startup_timeout: float | None = 1800.0,
     max_restarts: int = 0,
     backend: str | None = None,
+    preempt_signal: str | None = None,
+    slurm_restart: tuple[str, int] | None = None,
     out: TextIO | None = None,
 ) -> tuple[LaunchResult, Plan]:
     """Check, tokenize, launch; after a crash, a hang or a stall, up to `max_restarts` times:
     the quick preflight again and a new launch that resumes from the latest checkpoint
     (`launch/restarts.py`). Returns (LaunchResult, plan); raises PreflightFailed when the
     quick doctor finds errors, TrainfleetError for bad input (nothing started then).
-    `backend`: a launch backend's name (None: the cluster's default, `backends.default_for`)."""
-    from trainfleet.launch import LaunchOptions, new_run_id
+    `backend`: a launch backend's name (None: the cluster's default, `backends.default_for`).
+    `preempt_signal`: the signal the ranks get before a Slurm job's time limit (`--requeue`):
+    they save a checkpoint and stop. `slurm_restart`: (job, SLURM_RESTART_COUNT) of a job Slurm
+    started again, logged with the restarts."""
+    from trainfleet.launch import LaunchOptions, new_run_id, restarts
     from trainfleet.launch.backends import default_for
     from trainfleet.launch.restarts import launch_with_restarts
     from trainfleet.train import data
@@ -118,6 +123,8 @@ def run_train(
     options = LaunchOptions(
         command=("-m", "trainfleet.train.worker", encoded),
         backend=backend or default_for(cluster),
+        preempt_signal=preempt_signal,
+        restart=slurm_restart[1] if slurm_restart else 0,
         run_id=new_run_id(),
         local_rank_arg="never",
         join_timeout=join_timeout,
@@ -129,6 +136,11 @@ def run_train(
         facts = report.survey.facts if report.survey else {}
         check_memory(config, plan.rank_ranges(), facts, strict=preflight, out=out, setup=setup)
 
+    requeued = None
+    if slurm_restart:
+        job, count = slurm_restart
+        requeued = restarts.slurm_restart(output / "restarts.jsonl", job=job, restart=count,
+                                          run_id=options.run_id)  # fmt: skip
     return launch_with_restarts(
         cluster,
         options,
@@ -139,6 +151,7 @@ def run_train(
         preflight=preflight,
         on_first_plan=check_fit,
         out=out,
+        requeued=requeued,
     )
 
 

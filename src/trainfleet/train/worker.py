@@ -27,9 +27,11 @@ from typing import TYPE_CHECKING, Any
 
 from trainfleet import heartbeat
 from trainfleet.errors import TrainfleetError
+from trainfleet.node import shim
 from trainfleet.plan.memory import TORCH_DTYPES
 from trainfleet.train import checkpoints, hostmem
 from trainfleet.train.config import TrainConfig
+from trainfleet.train.preempt import Preemption
 
 if TYPE_CHECKING:  # torch, transformers and peft stay imported inside the functions using them
     from _typeshed import DataclassInstance
@@ -226,6 +228,9 @@ def main(encoded: str) -> int:
     warnings.filterwarnings(
         "ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning
     )
+    # Before anything slow: a Slurm job's time-limit signal (--requeue) during loading must
+    # not end the rank (SIGUSR1's default); the run then stops after its first step.
+    preemption = Preemption.listen(os.environ.get(shim.PREEMPT_SIGNAL_ENV))
     spec = json.loads(base64.b64decode(encoded))
     config = TrainConfig.from_json(spec["config"])
     assert config.max_steps is not None  # run_train sends it settled (TrainConfig.with_steps)
@@ -324,15 +329,25 @@ def main(encoded: str) -> int:
                 world_size=world_size,
                 max_steps=config.max_steps,
                 is_rank0=rank == 0,
-            )
+            ),
+            preemption.callback(),
         ],
     )
     trainer.remove_callback(PrinterCallback)  # our progress line replaces its dict prints
     if rank == 0 and resume:
         print(f"resuming from {resume.name}", flush=True)
     trainer.train(resume_from_checkpoint=str(resume) if resume else None)
-    if config.save_steps and trainer.state.global_step % config.save_steps:
-        trainer._save_checkpoint(trainer.model, None)  # the final step, complete like the rest
+    step = trainer.state.global_step
+    saved = bool(config.save_steps) and step % config.save_steps == 0  # by the trainer
+    if (config.save_steps or preemption.agreed) and not saved:
+        trainer._save_checkpoint(trainer.model, None)  # the last step, complete like the rest
+    if preemption.agreed:
+        if rank == 0:
+            print(f"stopped after step {step} of {config.max_steps} on SIG{preemption.signal}:"
+                  " checkpoint saved, the requeued job resumes from it", flush=True)  # fmt: skip
+        dist.barrier()
+        dist.destroy_process_group()
+        return 0
 
     if config.export:
         final, adapter = output / "final", output / "adapter"

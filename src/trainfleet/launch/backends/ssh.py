@@ -126,6 +126,11 @@ def plan_launch(
                 shim.RESTART_ENV: str(options.restart),
                 shim.LOCAL_RANK_ARG_ENV: options.local_rank_arg,
                 **({shim.NO_PYTHON_ENV: "1"} if options.no_python else {}),
+                **(
+                    {shim.PREEMPT_SIGNAL_ENV: options.preempt_signal}
+                    if options.preempt_signal
+                    else {}
+                ),  # fmt: skip
             },
             environment.TRAINFLEET,
         )
