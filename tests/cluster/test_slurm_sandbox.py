@@ -8,6 +8,7 @@ import importlib.util
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -408,3 +409,34 @@ def test_train_under_requeue_saves_on_the_time_limit_signal_and_resumes_from_it(
     steps = [row["step"] for row in rows if "loss" in row]
     assert steps == list(range(1, 13)), steps  # each step once: none lost, none repeated
     assert _slurm(box, "squeue", "-h").stdout == ""
+
+
+def test_doctor_names_slurm_s_own_failures_inside_a_job(make_sandbox, tmp_path):
+    """In one 2-node allocation: SLURM_EXPORT_ENV=NONE is a warning and trainfleet's own steps
+    still work (they ask for --export=ALL); trainfleet started by `srun` as two tasks is an
+    error (each would start the whole launch); a node whose slurmd stops answering is named as
+    Slurm's, with `--exclude` in its fix."""
+    box = make_sandbox(nodes=2, slurm=True)
+    tf = [sys.executable, "-m", "trainfleet"]
+    done = _slurm(box, "salloc", "-N2", "--quiet", "env", "SLURM_EXPORT_ENV=NONE", *tf,
+                  "doctor", "--quick", "--json", timeout=180)  # fmt: skip
+    report = json.loads(done.stdout)
+    assert [(f["id"], f["severity"]) for f in report["findings"]] == [
+        ("slurm-export-none", "warning")
+    ], report["findings"]
+    assert done.returncode == 0, done.stderr
+
+    done = _slurm(box, "salloc", "-N2", "--quiet", "srun", "--ntasks-per-node=1", *tf,
+                  "doctor", "--quick", timeout=180)  # fmt: skip
+    assert done.returncode != 0, done.stdout
+    assert done.stdout.count("ERROR   slurm-task-layout") == 2, done.stdout
+    assert "task 1 of the 2 of step" in done.stdout
+
+    slurmd = int((files_of(box.state_dir).root / "run" / "slurmd.gpu-node-2.pid").read_text())
+    stopped = f"kill -STOP {slurmd}; {shlex.join(tf)} doctor --quick --json; kill -CONT {slurmd}"
+    done = _slurm(box, "salloc", "-N2", "--quiet", "sh", "-c", stopped, timeout=240)
+    report = json.loads(done.stdout)
+    unreachable = [f for f in report["findings"] if f["id"] == "slurm-node-unreachable"]
+    assert len(unreachable) == 1 and unreachable[0]["nodes"] == ["gpu-node-2"], report
+    assert "--sbatch-arg=--exclude=gpu-node-2" in unreachable[0]["fix"]
+    assert not [f for f in report["findings"] if f["id"].startswith("ssh")], report

@@ -28,7 +28,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from trainfleet.catalog import connectivity, node
+from trainfleet.catalog import connectivity, node, scheduler
 from trainfleet.catalog.ids import Area, Entry, FindingId, Sandbox
 
 if TYPE_CHECKING:  # doctor's findings are built on this catalog: no import at run time
@@ -38,7 +38,7 @@ __all__ = [
     "CATALOG", "Area", "Entry", "FindingId", "Sandbox", "commands_that_fix", "main", "markdown"
 ]  # fmt: skip
 
-CATALOG: dict[FindingId, Entry] = {**connectivity.ENTRIES, **node.ENTRIES}
+CATALOG: dict[FindingId, Entry] = {**connectivity.ENTRIES, **node.ENTRIES, **scheduler.ENTRIES}
 """Every id's entry, in the order of docs/findings.md."""
 
 

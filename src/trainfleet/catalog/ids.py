@@ -76,6 +76,11 @@ class FindingId(str, enum.Enum):
     NESTED_LAUNCHER = "nested-launcher"
     OUTPUT_NOT_SHARED = "output-not-shared"
 
+    SLURM_NODE_UNREACHABLE = "slurm-node-unreachable"
+    SLURM_TASK_LAYOUT = "slurm-task-layout"
+    SLURM_EXPORT_NONE = "slurm-export-none"
+    SLURM_GPUS_DIFFER = "slurm-gpus-differ"
+
     # str(), format() and f-strings give the id itself on every Python (3.11 and later would
     # otherwise print "FindingId.SSH_UNREACHABLE").
     def __str__(self) -> str:
@@ -93,6 +98,7 @@ class Area(str, enum.Enum):
     SOFTWARE = "software"
     RESOURCES = "resources"
     RUNTIME = "runtime"
+    SLURM = "slurm"
 
 
 @dataclass(frozen=True, slots=True)

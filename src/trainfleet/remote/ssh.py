@@ -104,13 +104,14 @@ def srun_argv(step: SlurmStep, host: str, argv: Sequence[str]) -> list[str]:
     """`argv` as one task on `host`, a step of the Slurm job beside the steps running there
     (`--overlap`: it takes no CPUs from them), with the job's CPUs on that node, stdin
     forwarded to it. `--kill-on-bad-exit` and `--quiet`: the step ends with the task, and
-    srun's own progress lines stay out of the task's output. srun runs argv itself: no shell,
-    no quoting."""
+    srun's own progress lines stay out of the task's output. `--export=ALL`: the task has the
+    job's environment even where the job was submitted with --export=NONE (SLURM_EXPORT_ENV).
+    srun runs argv itself: no shell, no quoting."""
     cpus = [f"--cpus-per-task={step.cpus}"] if step.cpus else []
     return [
         "srun", f"--jobid={step.job}", "--overlap", "--nodes=1", "--ntasks=1",
-        f"--nodelist={host}", *cpus, "--kill-on-bad-exit=1", "--quiet", "--input=all",
-        "--", *argv,
+        f"--nodelist={host}", *cpus, "--export=ALL", "--kill-on-bad-exit=1", "--quiet",
+        "--input=all", "--", *argv,
     ]  # fmt: skip
 
 

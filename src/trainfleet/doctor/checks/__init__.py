@@ -6,11 +6,14 @@
 
 from __future__ import annotations
 
-from trainfleet.doctor.checks import gpus, network, resources, software, ssh, transport
+from trainfleet.doctor.checks import gpus, network, resources, slurm, software, ssh, transport
 from trainfleet.doctor.collect import Survey
 from trainfleet.doctor.findings import Finding, merge
 
 CHECKS = (
+    slurm.check_unreachable,
+    slurm.check_task_layout,
+    slurm.check_export,
     ssh.check_launch_ssh,
     ssh.check_node_to_node_ssh,
     ssh.check_slow_nodes,
@@ -31,6 +34,7 @@ CHECKS = (
     software.check_launcher,
     software.check_jit_locks,
     resources.check_gpus,
+    slurm.check_gpus,
     gpus.check_nvidia_smi,
     gpus.check_ecc,
     gpus.check_remapping,

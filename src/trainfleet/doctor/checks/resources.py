@@ -19,8 +19,10 @@ def check_gpus(survey: Survey) -> list[Finding]:
     findings = []
     for host, facts in survey.facts.items():
         devices = facts.gpus.devices if facts.gpus else ()
-        slots = survey.cluster.node(host).slots
-        if devices and len(devices) < slots:
+        node = survey.cluster.node(host)
+        slots = node.slots
+        # A Slurm job's slots are what Slurm gave it: `slurm.check_gpus` compares them.
+        if devices and len(devices) < slots and node.slurm is None:
             findings.append(
                 Finding(
                     id=FindingId.GPU_COUNT_MISMATCH,

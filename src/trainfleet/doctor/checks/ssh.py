@@ -19,6 +19,8 @@ def check_launch_ssh(survey: Survey) -> list[Finding]:
     """Nodes this machine could not probe, and why."""
     findings = []
     for host, result in survey.failed.items():
+        if survey.cluster.node(host).slurm is not None:
+            continue  # a step of a Slurm job, not ssh: `slurm.check_unreachable`
         if result.failure.is_connection_failure:
             findings.append(
                 Finding(
