@@ -440,3 +440,19 @@ def test_doctor_names_slurm_s_own_failures_inside_a_job(make_sandbox, tmp_path):
     assert len(unreachable) == 1 and unreachable[0]["nodes"] == ["gpu-node-2"], report
     assert "--sbatch-arg=--exclude=gpu-node-2" in unreachable[0]["fix"]
     assert not [f for f in report["findings"] if f["id"].startswith("ssh")], report
+
+
+def test_commtest_measures_the_job_s_nodes_through_srun(make_sandbox):
+    box = make_sandbox(nodes=2, slurm=True)
+    for node in box.nodes:
+        os.kill(box.sshd_pid(node.index), signal.SIGKILL)
+    done = _slurm(box, "salloc", "-N2", "--quiet", sys.executable, "-m", "trainfleet",
+                  "commtest", "--ops", "all_reduce", "--max-bytes", "1M", "--time-budget", "5",
+                  "--json", timeout=180)  # fmt: skip
+    report = json.loads(done.stdout)  # its verdict on 1 MiB against the link is not asked
+    assert report["world_size"] == 2 and report["complete"], report
+    assert {r["op"] for r in report["results"]} == {"all_reduce"}, report["results"]
+    assert all(r["wrong"] == 0 for r in report["results"]), report["results"]
+    assert sorted(report["links"]) == [
+        "raw TCP gpu-node-1 -> gpu-node-2", "raw TCP gpu-node-2 -> gpu-node-1"
+    ]  # fmt: skip
