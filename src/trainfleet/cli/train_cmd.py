@@ -16,11 +16,13 @@ from trainfleet.cli.common import (
     CLUSTER_YAML_EXAMPLE,
     add_cluster_arguments,
     add_hang_timeout_argument,
-    add_slurm_arguments,
     add_startup_timeout_argument,
     cluster_from_args,
-    in_job,
     preflight_lines,
+)
+from trainfleet.cli.slurm_job import (
+    add_slurm_arguments,
+    in_job,
     requeue_if_signalled,
     submit_job,
     submits_job,
