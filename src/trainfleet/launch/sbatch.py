@@ -25,8 +25,11 @@ Inside the job the command finds SLURM_JOB_ID and runs on the allocation: its pr
 merged output, watchdogs and restarts are those of `salloc ... trainfleet launch`. Here,
 `follow` prints the job's state as it changes (`scontrol show job`) and the output file as it
 grows; it needs the run directory on storage the login node and the first node share, as the
-user's home is on a Slurm cluster. Ctrl-C cancels the job (`scancel`) and waits until Slurm
-says it ended; a closed terminal leaves the job running.
+user's home is on a Slurm cluster. Ctrl-C asks trainfleet in the running job to stop its ranks
+(`scancel --batch --signal=INT`), then cancels the job if it still runs (`scancel`), and waits
+until Slurm says it ended; a closed terminal leaves the job running. `--requeue` adds the
+directives that have Slurm signal the job before its time limit and requeue it
+(`BatchRequest.requeue`), and the follower stays with the job across its starts.
 """
 
 from __future__ import annotations
