@@ -211,7 +211,7 @@ def test_launch_from_a_login_node_submits_a_job_streams_its_ranks_and_ends_with_
         os.kill(box.sshd_pid(node.index), signal.SIGKILL)
     script = tmp_path / "allreduce.py"
     script.write_text(ALLREDUCE)
-    follower = _from_login_node(box, tmp_path, "--run-dir", "ok", "--", script.name)
+    follower = _from_login_node(box, tmp_path, "--run-dir", "ok", "--", str(script))
     out, _ = follower.communicate(timeout=240)
     assert follower.returncode == 0, out
     job = re.search(r"submitted batch job (\d+)", out)
@@ -221,10 +221,10 @@ def test_launch_from_a_login_node_submits_a_job_streams_its_ranks_and_ends_with_
     assert f"job {job[1]}: RUNNING on gpu-node-[1-2]" in out
     assert f"job {job[1]}: COMPLETED" in out
     script_text = (tmp_path / "ok" / "job.sbatch").read_text()
-    assert "#SBATCH --nodes=2" in script_text and f"{script.name}\n" in script_text
+    assert "#SBATCH --nodes=2" in script_text and f"{script}\n" in script_text
     assert (tmp_path / "ok" / "logs" / "gpu-node-2.rank1.log").exists()  # the run's own logs
 
-    follower = _from_login_node(box, tmp_path, "--run-dir", "crash", "--", script.name,
+    follower = _from_login_node(box, tmp_path, "--run-dir", "crash", "--", str(script),
                                 env={"PLANT_CRASH": "1"})  # fmt: skip
     out, _ = follower.communicate(timeout=240)
     assert follower.returncode == 1, out
@@ -246,7 +246,7 @@ def test_ctrl_c_on_the_login_node_stops_every_rank_and_the_job(make_sandbox, tmp
     box = make_sandbox(nodes=2, slurm=True)
     script = tmp_path / "sleeper.py"
     script.write_text(SLEEPER)
-    follower = _from_login_node(box, tmp_path, "--", script.name)
+    follower = _from_login_node(box, tmp_path, "--", str(script))
     seen = []
     assert follower.stdout is not None
     for line in follower.stdout:

@@ -120,12 +120,8 @@ def test_inside_a_job_the_slurm_backend_is_the_default_and_outside_one_it_plans_
     job = allocation({"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "gpu-node-[1-2]"})
     assert default_for(load_cluster(slurm=job)) == "slurm"
     assert default_for(load_cluster(hosts="a,b")) == "ssh"
-    from trainfleet.launch.options import LaunchOptions
-
     with pytest.raises(TrainfleetError, match="a is not a node of one"):
-        BACKENDS["slurm"].plan(load_cluster(hosts="a,b"), {}, LaunchOptions(command=("t.py",)),
-                               master_addr="10.0.0.1", launch_env={}, launch_cwd="/w",
-                               run_dir=Path("/r"))  # fmt: skip
+        BACKENDS["slurm"].preflight(load_cluster(hosts="a,b"), read_only=True)
 
 
 @pytest.fixture

@@ -124,6 +124,7 @@ def cluster_flags(args: argparse.Namespace) -> list[str]:
         ("--hostfile", args.hostfile), ("-c", args.cluster_file), ("--hosts", args.hosts),
         ("-i", args.include), ("-e", args.exclude), ("--ssh-config", args.ssh_config),
         ("--num_nodes", getattr(args, "num_nodes", None)),
+        ("--num_gpus", getattr(args, "num_gpus", None)),
     ):  # fmt: skip
         if value:
             flags += [option, str(value)]

@@ -18,6 +18,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainfleet.cli.common import cluster_flags
 from trainfleet.cluster.slurm import allocation
 from trainfleet.errors import TrainfleetError
 
@@ -95,11 +96,7 @@ def submit_job(args: argparse.Namespace, *, run_dir: str | None, directory: Path
 
     from trainfleet.launch import sbatch
 
-    cluster_given = [flag for flag, value in (
-        ("--hostfile", args.hostfile), ("-c", args.cluster_file), ("--hosts", args.hosts),
-        ("-i", args.include), ("-e", args.exclude), ("--num_nodes", args.num_nodes),
-        ("--num_gpus", args.num_gpus), ("--ssh-config", args.ssh_config),
-    ) if value]  # fmt: skip
+    cluster_given = cluster_flags(args)
     if cluster_given:
         raise TrainfleetError(
             f"{cluster_given[0]} names nodes, and with --backend slurm Slurm picks them",
@@ -127,31 +124,20 @@ def submit_job(args: argparse.Namespace, *, run_dir: str | None, directory: Path
     # The job runs the command itself: --dry-run (of this submission) is not passed on.
     words = [w for w in words[:ours] if w != "--dry-run"] + words[ours:]
     argv = sbatch.inner_argv(sys.executable, subcommand, words, run_dir)
-    written_by = f"trainfleet {subcommand} --backend slurm"
+    files = sbatch.BatchFiles.of(request, argv, directory=directory, cwd=os.getcwd(),
+                                 written_by=f"trainfleet {subcommand} --backend slurm")  # fmt: skip
     if getattr(args, "dry_run", False):
-        output = str((directory / "slurm-%j.out").absolute())
-        script = sbatch.batch_script(
-            request, argv, cwd=os.getcwd(), output=output, written_by=written_by
-        )
-        print(sbatch.dry_run_text(directory / "job.sbatch", script, output))
+        print(files.dry_run_text())
         return 0
 
     def say(text: str) -> None:
         print(f"trainfleet: {text}", file=sys.stderr, flush=True)
 
-    end = sbatch.submit_and_follow(
-        request,
-        argv,
-        directory=directory,
-        cwd=os.getcwd(),
-        written_by=written_by,
-        out=sys.stderr if args.json else sys.stdout,
-        say=say,
-    )
+    end = sbatch.submit_and_follow(files, out=sys.stderr if args.json else sys.stdout, say=say)
     if end.why:
         say(f"job {end.job} ended {end.state}: {end.why}")
     if args.json:
-        print(json.dumps({**end.to_json(), "script": str(directory / "job.sbatch")}, indent=2))
+        print(json.dumps({**end.to_json(), "script": str(files.script)}, indent=2))
     return end.exit_code
 
 
@@ -181,17 +167,13 @@ def in_job(args: argparse.Namespace) -> InJob:
 def requeue_if_signalled(job: InJob, signalled: str | None) -> bool:
     """After a run that got the job's time-limit signal: `scontrol requeue` (the job starts
     again and resumes); whether it was asked."""
-    import subprocess
     import sys
+
+    from trainfleet.launch import sbatch
 
     if job.job_id is None or job.preempt_signal is None or signalled != job.preempt_signal:
         return False
-    done = subprocess.run(["scontrol", "requeue", job.job_id], capture_output=True, text=True)
-    if done.returncode != 0:
-        raise TrainfleetError(
-            f"`scontrol requeue {job.job_id}` failed: {done.stderr.strip()}",
-            "the ranks' checkpoint is saved: submit the same command again to resume",
-        )
+    sbatch.requeue(job.job_id)
     print(f"trainfleet: requeued Slurm job {job.job_id}: its next start resumes from the"
           " checkpoint just saved", file=sys.stderr, flush=True)  # fmt: skip
     return True

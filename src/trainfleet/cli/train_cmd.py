@@ -28,6 +28,7 @@ from trainfleet.cli.slurm_job import (
     submits_job,
 )
 from trainfleet.hf_names import HF_NAMES
+from trainfleet.launch import backends
 
 if TYPE_CHECKING:
     from trainfleet.train.config import TrainConfig
@@ -46,6 +47,7 @@ nodes; from a login node, `--backend slurm --nodes N` submits this same command 
 (its script and output in OUTPUT/slurm/) and follows it here."""
 
 BACKENDS = ("ssh", "slurm")
+"""The launch backends train runs on (its ranks are torchrun's: not DeepSpeed's runner)."""
 
 FLAGS = {
     "model": str,
@@ -87,13 +89,7 @@ def _hf_bool(text: str) -> bool:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_cluster_arguments(parser)
-    parser.add_argument(
-        "--backend",
-        choices=BACKENDS,
-        help="ssh: torchrun on every node over ssh (default); slurm: each node's torchrun a step"
-        " of the Slurm job this runs in (the default there), or from a login node the command"
-        " submitted with sbatch and followed here",
-    )
+    parser.add_argument("--backend", choices=BACKENDS, help=backends.help_text(BACKENDS))
     add_slurm_arguments(parser)
     parser.add_argument("--config", metavar="train.yaml", help="every setting; flags override")
     settings = parser.add_argument_group(

@@ -34,6 +34,7 @@ directives that have Slurm signal the job before its time limit and requeue it
 
 from __future__ import annotations
 
+import functools
 import re
 import shlex
 import shutil
@@ -158,6 +159,46 @@ def batch_script(
     return "\n".join(lines) + "\n"
 
 
+@dataclass(frozen=True, slots=True)
+class BatchFiles:
+    """What a submission writes: its script (DIRECTORY/job.sbatch) and the text in it, and
+    where the job's output goes (`%j`: the job id)."""
+
+    script: Path
+    text: str
+    output: str
+    requeue: bool
+    """Submitted requeueable (`BatchRequest.requeue`): followed across its starts."""
+
+    @classmethod
+    def of(
+        cls,
+        request: BatchRequest,
+        argv: Sequence[str],
+        *,
+        directory: Path,
+        cwd: str,
+        written_by: str,
+    ) -> BatchFiles:
+        output = str((directory / "slurm-%j.out").absolute())
+        text = batch_script(request, argv, cwd=cwd, output=output, written_by=written_by)
+        return cls(
+            script=directory / "job.sbatch", text=text, output=output, requeue=request.requeue
+        )
+
+    def dry_run_text(self) -> str:
+        return "\n".join(
+            [
+                f"would write {self.script}:",
+                "",
+                self.text,
+                f"then run: sbatch --parsable {self.script}",
+                f"then follow the job (scontrol show job -o JOB) and its output ({self.output});"
+                " Ctrl-C: scancel JOB",
+            ]
+        )
+
+
 def check_export(env: Mapping[str, str]) -> None:
     """The job must start with this shell's environment (PATH, the venv, HF_*): sbatch's
     default. SBATCH_EXPORT in the environment overrides any `#SBATCH --export` of the script,
@@ -189,6 +230,7 @@ def inner_argv(python: str, subcommand: str, args: Sequence[str], run_dir: str |
     return [*head, "--run-dir", run_dir, *args] if run_dir else [*head, *args]
 
 
+@functools.cache
 def _slurm_command(name: str) -> str:
     found = shutil.which(name)
     if not found:
@@ -257,9 +299,9 @@ class JobState:
             state=fields["JobState"],
             reason=fields.get("Reason", "None"),
             nodes=fields.get("NodeList", "") if fields.get("NodeList") != "(null)" else "",
-            exit_status=int(status) if status.isdigit() else 0,
-            signal=int(sig) if sig.isdigit() else 0,
-            restarts=int(restarts) if (restarts := fields.get("Restarts", "")).isdigit() else 0,
+            exit_status=_count(status),
+            signal=_count(sig),
+            restarts=_count(fields.get("Restarts", "")),
             eligible=fields.get("EligibleTime", "").partition("T")[2],
         )
 
@@ -282,6 +324,10 @@ class JobState:
         if self.exit_status:
             return self.exit_status
         return 128 + self.signal if self.signal else 1
+
+
+def _count(text: str) -> int:
+    return int(text) if text.isdigit() else 0
 
 
 def look(job: str) -> JobState | None:
@@ -307,6 +353,18 @@ def cancel(job: str, *, ask_trainfleet: bool = False) -> None:
     bootstrap ending its ranks, and the job ends when it exits."""
     signal = ["--batch", "--signal=INT"] if ask_trainfleet else []
     subprocess.run([_slurm_command("scancel"), *signal, job], capture_output=True, timeout=60)
+
+
+def requeue(job: str) -> None:
+    """`scontrol requeue JOB`, from inside the job after its ranks saved their checkpoint."""
+    done = subprocess.run(
+        [_slurm_command("scontrol"), "requeue", job], capture_output=True, text=True, timeout=60
+    )
+    if done.returncode != 0:
+        raise TrainfleetError(
+            f"`scontrol requeue {job}` failed: {done.stderr.strip()}",
+            "the ranks' checkpoint is saved: submit the same command again to resume",
+        )
 
 
 class OutputTail:
@@ -480,36 +538,13 @@ def follow(
     return watch.end()
 
 
-def dry_run_text(script_path: Path, script: str, output: str) -> str:
-    return "\n".join(
-        [
-            f"would write {script_path}:",
-            "",
-            script,
-            f"then run: sbatch --parsable {script_path}",
-            f"then follow the job (scontrol show job -o JOB) and its output ({output});"
-            " Ctrl-C: scancel JOB",
-        ]
-    )
-
-
 def submit_and_follow(
-    request: BatchRequest,
-    argv: Sequence[str],
-    *,
-    directory: Path,
-    cwd: str,
-    written_by: str,
-    out: TextIO = sys.stdout,
-    say: Callable[[str], None],
+    files: BatchFiles, *, out: TextIO = sys.stdout, say: Callable[[str], None]
 ) -> JobEnd:
-    """Writes DIRECTORY/job.sbatch, submits it, follows the job to its end."""
-    output = str((directory / "slurm-%j.out").absolute())
-    script = batch_script(request, argv, cwd=cwd, output=output, written_by=written_by)
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    script_path = directory / "job.sbatch"
-    write_private(script_path, script)
-    job = submit(script_path)
-    job_output = Path(output.replace("%j", job))
-    say(f"submitted batch job {job} ({script_path}); its output: {job_output}")
-    return follow(job, job_output, out=out, say=say, requeue=request.requeue)
+    """Writes the script, submits it, follows the job to its end."""
+    files.script.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    write_private(files.script, files.text)
+    job = submit(files.script)
+    job_output = Path(files.output.replace("%j", job))
+    say(f"submitted batch job {job} ({files.script}); its output: {job_output}")
+    return follow(job, job_output, out=out, say=say, requeue=files.requeue)

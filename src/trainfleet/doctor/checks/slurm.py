@@ -65,6 +65,14 @@ def job_tasks(env: Mapping[str, str]) -> tuple[int, int, str] | None:
     return (int(task) if task.isdigit() else 0), int(tasks), step
 
 
+def _job_wide(
+    survey: Survey, finding: FindingId, severity: Severity, evidence: str, fix: str
+) -> Finding:
+    """One finding about the job itself, on every node of it."""
+    return Finding(id=finding, severity=severity, nodes=tuple(_slurm_hosts(survey)),
+                   evidence=[evidence], fix=fix)  # fmt: skip
+
+
 def check_task_layout(survey: Survey) -> list[Finding]:
     found = job_tasks(survey.launch_env)
     if found is None:
@@ -72,16 +80,14 @@ def check_task_layout(survey: Survey) -> list[Finding]:
     task, tasks, step = found
     job = survey.launch_env.get("SLURM_JOB_ID", "?")
     return [
-        Finding(
-            id=FindingId.SLURM_TASK_LAYOUT,
-            severity=Severity.ERROR,
-            nodes=tuple(_slurm_hosts(survey)),
-            evidence=[
-                f"this trainfleet is task {task} of the {tasks} of step {job}.{step}: each of "
-                f"them starts the whole launch, {tasks} x the ranks on one master port"
-            ],
-            fix="run trainfleet once per job, in the batch script or salloc's shell, without "
-            "srun: it starts one step per node itself",
+        _job_wide(
+            survey,
+            FindingId.SLURM_TASK_LAYOUT,
+            Severity.ERROR,
+            f"this trainfleet is task {task} of the {tasks} of step {job}.{step}: each of them"
+            f" starts the whole launch, {tasks} x the ranks on one master port",
+            "run trainfleet once per job, in the batch script or salloc's shell, without srun:"
+            " it starts one step per node itself",
         )
     ]
 
@@ -91,16 +97,14 @@ def check_export(survey: Survey) -> list[Finding]:
     if not _slurm_hosts(survey) or value is None or value.split(",")[0] == "ALL":
         return []
     return [
-        Finding(
-            id=FindingId.SLURM_EXPORT_NONE,
-            severity=Severity.WARNING,
-            nodes=tuple(_slurm_hosts(survey)),
-            evidence=[
-                f"SLURM_EXPORT_ENV={value}: srun lines of this job start without its "
-                "environment (PATH, the venv, HF_*)"
-            ],
-            fix="trainfleet's own steps ask for --export=ALL; before other srun lines of the "
-            "script, `export SLURM_EXPORT_ENV=ALL`",
+        _job_wide(
+            survey,
+            FindingId.SLURM_EXPORT_NONE,
+            Severity.WARNING,
+            f"SLURM_EXPORT_ENV={value}: srun lines of this job start without its environment"
+            " (PATH, the venv, HF_*)",
+            "trainfleet's own steps ask for --export=ALL; before other srun lines of the script,"
+            " `export SLURM_EXPORT_ENV=ALL`",
         )
     ]
 

@@ -17,6 +17,7 @@ also takes a backend from outside (a test's).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from trainfleet.cluster import Cluster
@@ -58,10 +59,10 @@ def default_for(cluster: Cluster) -> str:
     return slurm.BACKEND.name if in_job else DEFAULT_BACKEND
 
 
-def help_text() -> str:
-    """`--backend`'s help: each backend's summary, the default said."""
+def help_text(names: Iterable[str] | None = None) -> str:
+    """`--backend`'s help: each backend's summary (those named, else all), the default said."""
     return "; ".join(
-        f"{name}: {backend.summary}{_default_said(name)}" for name, backend in BACKENDS.items()
+        f"{name}: {BACKENDS[name].summary}{_default_said(name)}" for name in names or BACKENDS
     )
 
 

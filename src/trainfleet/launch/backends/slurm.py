@@ -13,14 +13,11 @@ the allocation), so nothing above it knows which it is. From a login node (no al
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from pathlib import Path
-
 from trainfleet.cluster import Cluster
+from trainfleet.doctor import DoctorReport
 from trainfleet.errors import TrainfleetError
 from trainfleet.launch.backend import LaunchBackend
 from trainfleet.launch.backends.ssh import LaunchPlan, SshBackend
-from trainfleet.launch.options import LaunchFacts, LaunchOptions
 
 
 class SlurmBackend(SshBackend):
@@ -30,17 +27,9 @@ class SlurmBackend(SshBackend):
         " login node, the command is submitted with sbatch and followed here"
     )
 
-    def plan(
-        self,
-        cluster: Cluster,
-        facts: Mapping[str, LaunchFacts],
-        options: LaunchOptions,
-        *,
-        master_addr: str,
-        launch_env: Mapping[str, str],
-        launch_cwd: str,
-        run_dir: Path,
-    ) -> LaunchPlan:
+    def preflight(self, cluster: Cluster, *, read_only: bool) -> DoctorReport:
+        """The ssh backend's, once every node is known to be the job's: the first thing a
+        launch asks of its backend, so that nothing is probed or planned otherwise."""
         outside = [node.host for node in cluster.nodes if node.slurm is None]
         if outside:
             raise TrainfleetError(
@@ -49,15 +38,7 @@ class SlurmBackend(SshBackend):
                 "run inside an allocation (salloc, sbatch) without --hostfile/--hosts/-c, or"
                 " from a login node with --nodes N to submit one",
             )
-        return super().plan(
-            cluster,
-            facts,
-            options,
-            master_addr=master_addr,
-            launch_env=launch_env,
-            launch_cwd=launch_cwd,
-            run_dir=run_dir,
-        )
+        return super().preflight(cluster, read_only=read_only)
 
 
 BACKEND: LaunchBackend[LaunchPlan] = SlurmBackend()
