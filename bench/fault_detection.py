@@ -46,8 +46,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from trainfleet import sandbox
+from trainfleet.localprocs import cmdline
 from trainfleet.node.bootstrap import descendants
-from trainfleet.procs import cmdline
 from trainfleet.sandbox.netns import netns_pids
 from trainfleet.train import demo_assets
 from trainfleet.train.checkpoints import tree_bytes

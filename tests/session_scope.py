@@ -47,7 +47,7 @@ def own_cmdlines() -> dict[int, str]:
     """`pid -> command line` of the processes this test process started, and only those: on
     the nodes of its sandboxes (inside their network namespaces), or on this machine (they
     inherit TRAINFLEET_TEST_SESSION from the test process's environment)."""
-    from trainfleet.procs import cmdlines
+    from trainfleet.localprocs import cmdlines
     from trainfleet.sandbox import netns
 
     mine = {f"tf-{name}-" for name in own_sandboxes_up()}

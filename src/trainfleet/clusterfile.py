@@ -37,7 +37,7 @@ from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from trainfleet.cluster import Cluster, parse_cluster_yaml
 from trainfleet.errors import ClusterFileError, SpecError
-from trainfleet.files import keep_copy, replace_atomically
+from trainfleet.privatefiles import keep_copy, replace_atomically
 from trainfleet.untrusted import printable, valid_interface
 
 NODE_KEYS = ("slots", "python", "interface", "env")

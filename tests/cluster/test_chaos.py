@@ -24,7 +24,7 @@ import train_jobs
 from train_jobs import train_job_processes
 
 from session_scope import own_sandbox_name
-from trainfleet.procs import cmdline
+from trainfleet.localprocs import cmdline
 from trainfleet.train.checkpoints import step_of, tree_bytes
 
 pytestmark = train_jobs.PYTESTMARK

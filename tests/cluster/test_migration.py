@@ -215,7 +215,7 @@ def test_a_nested_launcher_is_refused_before_anything_starts_with_the_command_to
 
 def test_no_rank_prints_c10d_s_client_hostname_warning(box, tmp_path):
     """c10d asks the resolver for each client's name by its IPv4-mapped address; the sandbox's
-    /etc/hosts names those (sandbox/files.py), so no rank says `err=-3`."""
+    /etc/hosts names those (sandbox/texts.py), so no rank says `err=-3`."""
     code, out = trainfleet(
         box, "--run-dir", str(tmp_path / "run"), "--", str(ALLREDUCE), cwd=tmp_path
     )

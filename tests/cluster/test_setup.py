@@ -31,7 +31,7 @@ from trainfleet.doctor import run_doctor
 from trainfleet.examples import ALLREDUCE
 from trainfleet.keyscan import fingerprint
 from trainfleet.remote import Failure, run_on_nodes
-from trainfleet.setup import wheels
+from trainfleet.setup.pyenv import wheels
 from trainfleet.train import demo_assets
 
 pytestmark = pytest.mark.cluster

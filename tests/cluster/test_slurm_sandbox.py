@@ -196,7 +196,7 @@ def _from_login_node(box, tmp_path, *args: str, env: dict | None = None, command
 def _left_of(script: Path) -> list[str]:
     """Processes still running `script`, on this machine or on a sandbox node (they share
     this machine's process table)."""
-    from trainfleet.procs import cmdlines
+    from trainfleet.localprocs import cmdlines
 
     return [f"{pid}: {c}" for pid, c in cmdlines().items() if str(script) in c]
 

@@ -18,24 +18,24 @@ from trainfleet.cli.main import build_parser, main
 from trainfleet.cluster import Node
 from trainfleet.doctor.findings import Finding, Severity
 from trainfleet.errors import SetupError
-from trainfleet.setup import askpass
 from trainfleet.setup.result import SetupResult, render
+from trainfleet.setup.trust import askpass
 
 pytestmark = pytest.mark.unit
 
 MODULES = [
-    "trainfleet.setup.askpass",
+    "trainfleet.setup.trust.askpass",
     "trainfleet.setup.env",
-    "trainfleet.setup.firewall",
-    "trainfleet.setup.fwstate",
+    "trainfleet.setup.firewall.ruleset",
+    "trainfleet.setup.firewall.record",
     "trainfleet.setup.hostfile",
-    "trainfleet.setup.hostkeys",
-    "trainfleet.setup.jobs",
-    "trainfleet.setup.launchside",
+    "trainfleet.setup.trust.hostkeys",
+    "trainfleet.setup.trust.keyjobs",
+    "trainfleet.setup.trust.this_machine",
     "trainfleet.setup.result",
-    "trainfleet.setup.sync",
-    "trainfleet.setup.transfer",
-    "trainfleet.setup.trust",
+    "trainfleet.setup.sync.step",
+    "trainfleet.setup.sync.transfer",
+    "trainfleet.setup.trust.step",
     "trainfleet.setup.verify",
     "trainfleet.sandbox.users",
 ]
@@ -158,7 +158,7 @@ def test_the_password_never_reaches_a_shared_master_or_a_jump_host():
     """#17: a user's ControlMaster/ControlPersist would keep the password in a master for
     minutes; a ProxyJump's ssh would offer it to the jump host."""
     from trainfleet.cluster import SshOptions
-    from trainfleet.setup import hostkeys
+    from trainfleet.setup.trust import hostkeys
 
     node = Node(host="gpu-node-2", slots=1, gpu_ids=(0,), python="python3")
     argv = askpass.password_ssh_argv(node, ["true"])

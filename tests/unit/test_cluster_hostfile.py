@@ -293,7 +293,7 @@ def test_overlong_slot_number_is_a_spec_error():
 def test_the_one_hostfile_writer_writes_what_the_reader_reads_or_refuses():
     """setup hostfile, the deepspeed backend and the sandbox write hostfile lines through
     cluster.hostfile.hostfile_text: the text reads back as the slots given, or is refused."""
-    from trainfleet.cluster.hostfile import hostfile_text
+    from trainfleet.cluster.dshostfile import hostfile_text
 
     text = hostfile_text({"gpu-node-1": 8, "10.0.0.12": 2}, header="# a comment\n")
     assert text == "# a comment\ngpu-node-1 slots=8\n10.0.0.12 slots=2\n"

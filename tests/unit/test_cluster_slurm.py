@@ -10,7 +10,7 @@ from trainfleet.cluster.model import SlurmStep
 from trainfleet.cluster.slurm import allocation
 from trainfleet.errors import TrainfleetError
 from trainfleet.nodeset import expand_names, fold_names
-from trainfleet.remote.ssh import node_argv
+from trainfleet.remote.argv import node_argv
 
 pytestmark = pytest.mark.unit
 

@@ -201,7 +201,7 @@ def test_no_program_trainfleet_starts_imports_from_the_directory_it_starts_in(tm
     ran as trainfleet when the node-program loader started in it (doctor --fix's known_hosts
     append, every localhost node), a `pip.py` when setup pyenv asked pip for its config."""
     from trainfleet.node import isolated
-    from trainfleet.setup import wheels
+    from trainfleet.setup.pyenv import wheels
 
     marks = _plant(tmp_path)
     line = node.line(

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from trainfleet import node
+from trainfleet.localprocs import cmdlines
 from trainfleet.node import bootstrap, files, shim
-from trainfleet.procs import cmdlines
 
 pytestmark = pytest.mark.unit
 

@@ -12,7 +12,7 @@ import yaml
 from trainfleet.catalog import CATALOG, FindingId
 from trainfleet.cluster import parse_cluster_yaml, parse_hostfile
 from trainfleet.errors import SandboxError
-from trainfleet.sandbox import FAULTS, build, faults, files, netns, state
+from trainfleet.sandbox import FAULTS, build, faults, netns, state, texts
 
 pytestmark = pytest.mark.unit
 
@@ -86,7 +86,7 @@ def test_not_root_is_a_clear_error(monkeypatch):
 def test_written_specs_load_back_as_the_same_cluster(tmp_path):
     nodes = build.plan_nodes("x", 2, ["ens14f0", "ens14f1"], "10.9.9.0/24")
     cluster = parse_cluster_yaml(
-        files.cluster_yaml_text(nodes, tmp_path, slots=2, master_port=29501),
+        texts.cluster_yaml_text(nodes, tmp_path, slots=2, master_port=29501),
         str(tmp_path / "cluster.yaml"),
     )
     assert [n.host for n in cluster.nodes] == ["gpu-node-1", "gpu-node-2"]
@@ -96,18 +96,18 @@ def test_written_specs_load_back_as_the_same_cluster(tmp_path):
     assert ssh.identity_file == str(tmp_path / "id_ed25519")
     assert ssh.known_hosts_file == str(tmp_path / "known_hosts")
     assert ssh.config_file == str(tmp_path / "ssh_config")
-    pool = parse_hostfile(files.hostfile_text(nodes, slots=2))
+    pool = parse_hostfile(texts.hostfile_text(nodes, slots=2))
     assert {h: s for h, (s, _) in pool.items()} == {"gpu-node-1": 2, "gpu-node-2": 2}
-    doc = yaml.safe_load(files.cluster_yaml_text(nodes, tmp_path, 1, 29500))
+    doc = yaml.safe_load(texts.cluster_yaml_text(nodes, tmp_path, 1, 29500))
     assert doc["ssh"]["user"] == "root"
 
 
 def test_hosts_file_maps_own_name_to_address_loopback_or_nothing():
     nodes = build.plan_nodes("x", 2, [], "10.9.9.0/24")
     own = f"{nodes[1].address}\tgpu-node-2"
-    faulty = files.etc_hosts_text(nodes, nodes[1], own_name="loopback")
-    healthy = files.etc_hosts_text(nodes, nodes[1])
-    absent = files.etc_hosts_text(nodes, nodes[1], own_name="absent")
+    faulty = texts.etc_hosts_text(nodes, nodes[1], own_name="loopback")
+    healthy = texts.etc_hosts_text(nodes, nodes[1])
+    absent = texts.etc_hosts_text(nodes, nodes[1], own_name="absent")
     assert "127.0.1.1\tgpu-node-2" in faulty and own not in faulty
     assert own in healthy and "127.0.1.1" not in healthy
     assert "gpu-node-2" not in absent and f"{nodes[0].address}\tgpu-node-1" in absent
@@ -117,16 +117,16 @@ def test_hosts_file_maps_own_name_to_address_loopback_or_nothing():
 
 def test_bare_env_fault_sets_path_in_sshd(tmp_path):
     node = build.plan_nodes("x", 1, [], "10.9.9.0/24")[0]
-    assert "SetEnv PATH=/usr/bin:/bin" in files.sshd_config_text(
+    assert "SetEnv PATH=/usr/bin:/bin" in texts.sshd_config_text(
         node, tmp_path, trust=True, path="/usr/bin:/bin"
     )
-    assert "SetEnv" not in files.sshd_config_text(node, tmp_path, trust=True)
+    assert "SetEnv" not in texts.sshd_config_text(node, tmp_path, trust=True)
 
 
 def test_sshd_config_without_trust_points_at_no_key(tmp_path):
     node = build.plan_nodes("x", 1, [], "10.9.9.0/24")[0]
-    trusted = files.sshd_config_text(node, tmp_path, trust=True)
-    untrusted = files.sshd_config_text(node, tmp_path, trust=False)
+    trusted = texts.sshd_config_text(node, tmp_path, trust=True)
+    untrusted = texts.sshd_config_text(node, tmp_path, trust=False)
     assert f"AuthorizedKeysFile {tmp_path / 'authorized_keys'}" in trusted
     assert "AuthorizedKeysFile /nonexistent" in untrusted
     assert f"ListenAddress {node.address}" in trusted and "PasswordAuthentication no" in trusted

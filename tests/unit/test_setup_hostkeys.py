@@ -14,10 +14,10 @@ from trainfleet.errors import SetupError
 from trainfleet.keyscan import fingerprint
 from trainfleet.node import answer as answer_mark
 from trainfleet.node import sshkeys
-from trainfleet.setup import hostkeys, jobs
-from trainfleet.setup.hostkeys import Target, known_hosts_names, plan_names
-from trainfleet.setup.launchside import question, this_machine
 from trainfleet.setup.result import SetupResult
+from trainfleet.setup.trust import hostkeys, keyjobs
+from trainfleet.setup.trust.hostkeys import Target, known_hosts_names, plan_names
+from trainfleet.setup.trust.this_machine import question, this_machine
 
 pytestmark = pytest.mark.unit
 
@@ -270,9 +270,9 @@ def test_a_nodes_answer_to_the_trust_job_is_checked_before_anything_is_written(f
     """A public key with a newline put a cert-authority line into every node's
     authorized_keys; a known key that is not base64 crashed setup ssh (review F5, F13)."""
     job = sshkeys.job(lookup=["gpu-node-1"])
-    assert jobs.read_answer("gpu-node-2", _answer(), job)["pubkey"] == NEW
+    assert keyjobs.read_answer("gpu-node-2", _answer(), job)["pubkey"] == NEW
     with pytest.raises(SetupError, match=f"gpu-node-2: the setup job's answer .*{said}"):
-        jobs.read_answer("gpu-node-2", _answer(**fields), job)
+        keyjobs.read_answer("gpu-node-2", _answer(**fields), job)
     missing = "gpu-node-2: the setup job's answer is missing or malformed .it printed no answer"
     with pytest.raises(SetupError, match=missing):
-        jobs.read_answer("gpu-node-2", "Traceback ...\n", job)
+        keyjobs.read_answer("gpu-node-2", "Traceback ...\n", job)

@@ -16,9 +16,10 @@ from trainfleet.cluster import load_cluster
 from trainfleet.errors import SetupError
 from trainfleet.node import answer
 from trainfleet.node import pyenv as node_pyenv
-from trainfleet.setup import dsops, pyenv, wheels
-from trainfleet.setup.pyenv import NodeEnv, parse_node_env, plan_node
-from trainfleet.setup.wheels import Dist, cannot_take, driver_too_old
+from trainfleet.setup.pyenv import dsops, wheels
+from trainfleet.setup.pyenv import step as pyenv_step
+from trainfleet.setup.pyenv.step import NodeEnv, parse_node_env, plan_node
+from trainfleet.setup.pyenv.wheels import Dist, cannot_take, driver_too_old
 
 pytestmark = pytest.mark.unit
 
@@ -105,10 +106,10 @@ def test_nothing_is_installed_anywhere_when_one_node_cannot_take_it(monkeypatch,
     cluster = load_cluster(hosts="gpu-node-1,gpu-node-2")
     envs = {"gpu-node-1": NodeEnv(version="3.11.2", **LINUX),
             "gpu-node-2": NodeEnv(version="3.11.2", glibc="2.17", machine="x86_64")}  # fmt: skip
-    monkeypatch.setattr(pyenv, "inspect_nodes", lambda *a: envs)
-    monkeypatch.setattr(pyenv, "_install_everywhere", lambda *a: pytest.fail("installed"))
+    monkeypatch.setattr(pyenv_step, "inspect_nodes", lambda *a: envs)
+    monkeypatch.setattr(pyenv_step, "_install_everywhere", lambda *a: pytest.fail("installed"))
     with pytest.raises(SetupError) as raised:
-        pyenv.setup_pyenv(cluster, target=str(tmp_path / "env"), confirm=lambda *a: True,
+        pyenv_step.setup_pyenv(cluster, target=str(tmp_path / "env"), confirm=lambda *a: True,
                           cluster_in=None, cluster_out=str(tmp_path / "c.yaml"))  # fmt: skip
     assert raised.value.what.startswith("nothing was installed anywhere: gpu-node-2 cannot take")
     assert "torch 2.13.0+cpu: needs glibc 2.28 or newer, the node has 2.17" in raised.value.what
@@ -138,7 +139,7 @@ def test_packed_wheels_install_with_no_index_into_a_new_environment(tmp_path):
     kind) installed; the scripts run with the new environment's python."""
     dists = {d.name: d for d in wheels.closure(["pip", "hjson", "deepspeed"])[0]}
     cache = tmp_path / "cache"
-    files = pyenv.gather([dists["pip"], dists["hjson"], dists["deepspeed"]], wheel_dirs=[],
+    files = pyenv_step.gather([dists["pip"], dists["hjson"], dists["deepspeed"]], wheel_dirs=[],
                          cache=cache)  # fmt: skip
     with zipfile.ZipFile(files["deepspeed"]) as packed:
         names = packed.namelist()
@@ -146,7 +147,7 @@ def test_packed_wheels_install_with_no_index_into_a_new_environment(tmp_path):
     assert not [n for n in names if "__pycache__" in n or n.endswith(("INSTALLER", ".pyc"))]
     assert script.startswith(b"#!python\n")
     target = tmp_path / "env"
-    wheel_dir = target / pyenv.WHEEL_DIR
+    wheel_dir = target / pyenv_step.WHEEL_DIR
     wheel_dir.mkdir(parents=True)
     for name in ("pip", "hjson"):
         (wheel_dir / files[name].name).write_bytes(files[name].read_bytes())
@@ -164,7 +165,7 @@ def test_packed_wheels_install_with_no_index_into_a_new_environment(tmp_path):
                             capture_output=True, text=True, check=True)  # fmt: skip
     versions = {p["name"].lower(): p["version"] for p in json.loads(listed.stdout)}
     assert versions == {"pip": dists["pip"].version, "hjson": dists["hjson"].version}
-    again = pyenv.gather([dists["hjson"]], wheel_dirs=[], cache=cache)
+    again = pyenv_step.gather([dists["hjson"]], wheel_dirs=[], cache=cache)
     assert again["hjson"] == files["hjson"]  # packed once, kept
 
 
@@ -172,9 +173,9 @@ def test_without_pip_here_nothing_is_asked_of_the_nodes(monkeypatch, tmp_path):
     """A venv made by uv (or --without-pip) has no pip to give the nodes: said before any node
     is looked at."""
     monkeypatch.setattr(wheels, "closure", lambda roots: ([TORCH, PEFT], []))
-    monkeypatch.setattr(pyenv, "inspect_nodes", lambda *a: pytest.fail("nodes asked"))
+    monkeypatch.setattr(pyenv_step, "inspect_nodes", lambda *a: pytest.fail("nodes asked"))
     with pytest.raises(SetupError, match="pip is not installed here") as raised:
-        pyenv.setup_pyenv(load_cluster(hosts="gpu-node-1"), target=str(tmp_path / "env"),
+        pyenv_step.setup_pyenv(load_cluster(hosts="gpu-node-1"), target=str(tmp_path / "env"),
                           confirm=lambda *a: True)  # fmt: skip
     assert "-m ensurepip" in raised.value.fix
 
@@ -188,7 +189,7 @@ def test_a_dry_run_lists_the_deepspeed_ops_each_node_lacks_and_builds_none(monke
     have = {d.name: d.version for d in (TORCH, deepspeed, pip)}
     envs = {"gpu-node-1": NodeEnv(version="3.11.2", packages=have, in_target=True, **LINUX),
             "gpu-node-2": NodeEnv(version="3.11.2", **LINUX)}  # fmt: skip
-    monkeypatch.setattr(pyenv, "inspect_nodes", lambda *a: envs)
+    monkeypatch.setattr(pyenv_step, "inspect_nodes", lambda *a: envs)
     asked = []
 
     def survey(cluster, hosts, argv_for, target, ops, job_envs):
@@ -199,7 +200,7 @@ def test_a_dry_run_lists_the_deepspeed_ops_each_node_lacks_and_builds_none(monke
     monkeypatch.setattr(dsops, "survey", survey)
     monkeypatch.setattr(dsops, "prepare", lambda *a, **k: pytest.fail("built"))
     cluster = load_cluster(hosts="gpu-node-1,gpu-node-2")
-    result = pyenv.setup_pyenv(
+    result = pyenv_step.setup_pyenv(
         cluster,
         target=str(tmp_path / "env"),
         confirm=lambda *a: pytest.fail("asked"),

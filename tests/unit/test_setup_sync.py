@@ -15,8 +15,8 @@ from trainfleet import node
 from trainfleet.cluster import Node, SshOptions
 from trainfleet.errors import SetupError
 from trainfleet.node import files
-from trainfleet.setup import transfer
-from trainfleet.setup.sync import _check_directory, copy_targets, storage_groups
+from trainfleet.setup.sync import transfer
+from trainfleet.setup.sync.step import _check_directory, copy_targets, storage_groups
 
 pytestmark = pytest.mark.unit
 
@@ -113,7 +113,7 @@ def test_a_nodes_environment_inside_the_code_directory_is_never_copied_over_or_d
     """`setup pyenv --venv /work/proj/env` then `sync /work/proj`: with --delete the nodes'
     environment would go (this machine has no /work/proj/env), so it is left out by name."""
     from trainfleet.cluster import load_cluster
-    from trainfleet.setup.sync import DEFAULT_EXCLUDES, environments_inside
+    from trainfleet.setup.sync.step import DEFAULT_EXCLUDES, environments_inside
 
     cluster = load_cluster(hosts="gpu-node-1,gpu-node-2")
     nodes = tuple(replace(n, python="/work/proj/env/bin/python") for n in cluster.nodes)

@@ -173,7 +173,7 @@ def test_a_launcher_that_ended_on_this_host_is_seen_at_once(tmp_path):
     import subprocess
     import sys
 
-    from trainfleet.procs import pid_start
+    from trainfleet.localprocs import pid_start
     from trainfleet.status import launcher_gone
 
     host = socket.gethostname()

@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     import os
 
     from trainfleet.setup.result import render
-    from trainfleet.setup.sync import DEFAULT_EXCLUDES, sync_code
+    from trainfleet.setup.sync.step import DEFAULT_EXCLUDES, sync_code
 
     cluster = cluster_from_args(args)
     out = sys.stderr if args.json else sys.stdout

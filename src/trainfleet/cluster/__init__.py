@@ -14,7 +14,7 @@ remote shell is checked here, once, so that nothing a user did not ask for is ev
 
 from __future__ import annotations
 
-from trainfleet.cluster.hostfile import filter_nodes, parse_hostfile
+from trainfleet.cluster.dshostfile import filter_nodes, parse_hostfile
 from trainfleet.cluster.load import load_cluster
 from trainfleet.cluster.model import (
     DEFAULT_CONNECT_TIMEOUT,

@@ -12,7 +12,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from trainfleet.cluster.hostfile import filter_nodes, parse_hostfile
+from trainfleet.cluster.dshostfile import filter_nodes, parse_hostfile
 from trainfleet.cluster.model import Cluster, Node, SlurmStep, SshOptions
 from trainfleet.cluster.slurm import Allocation
 from trainfleet.cluster.validate import SLOTS_RE, check_host, parse_slots

@@ -36,7 +36,6 @@ from trainfleet.doctor.checks.network import (
 )
 from trainfleet.doctor.findings import Severity
 from trainfleet.errors import TrainfleetError
-from trainfleet.files import write_private
 from trainfleet.launch.backend import Plan
 from trainfleet.launch.backends import BACKENDS, backend_for
 from trainfleet.launch.masking import masked, masked_argv
@@ -44,6 +43,7 @@ from trainfleet.launch.options import LaunchFacts, LaunchOptions
 from trainfleet.launch.output import TextOut
 from trainfleet.launch.result import LaunchResult, RunState
 from trainfleet.launch.supervisor import supervise
+from trainfleet.privatefiles import write_private
 
 __all__ = [
     "BACKENDS",

@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from trainfleet.heartbeat import STEPPING_PHASES
-from trainfleet.procs import pid_start
+from trainfleet.localprocs import pid_start
 from trainfleet.status.hang import Hang
 
 STEP_HISTORY = 20

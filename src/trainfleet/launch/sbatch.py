@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import TextIO
 
 from trainfleet.errors import TrainfleetError
-from trainfleet.files import write_private
+from trainfleet.privatefiles import write_private
 
 GONE = "GONE"
 """What `look` says of a job slurmctld no longer holds (`Invalid job id specified`): it

@@ -179,7 +179,7 @@ def prune(job: PruneJob) -> int:
 
 
 STAGE_PREFIX = ".trainfleet-stage-"
-"""How the private directories an archive is unpacked into are named (setup/transfer.py)."""
+"""How the private directories an archive is unpacked into are named (setup/sync/transfer.py)."""
 
 
 def _kind(mode):

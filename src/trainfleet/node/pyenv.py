@@ -30,7 +30,7 @@ class InspectJob(TypedDict):
 
 
 class EnvFacts(TypedDict):
-    """`inspect`'s answer (`facts`), checked by `trainfleet.setup.pyenv.parse_node_env`."""
+    """`inspect`'s answer (`facts`), checked by `trainfleet.setup.pyenv.step.parse_node_env`."""
 
     executable: str
     version: str

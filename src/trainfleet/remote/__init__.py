@@ -12,6 +12,15 @@ A node that is this machine (`localhost`) runs the argv directly. Failures are c
 the `Failure` classes that doctor turns into findings (docs/findings.md).
 """
 
+from trainfleet.remote.argv import (
+    CONTROL_PERSIST_S,
+    close_connections,
+    control_dir,
+    node_argv,
+    ssh_base_argv,
+    ssh_hostnames,
+    ssh_options,
+)
 from trainfleet.remote.failures import Failure, NodeResult, classify
 from trainfleet.remote.run import (
     LineCallback,
@@ -21,15 +30,6 @@ from trainfleet.remote.run import (
     run_on_nodes,
     run_on_nodes_async,
     worst_returncode,
-)
-from trainfleet.remote.ssh import (
-    CONTROL_PERSIST_S,
-    close_connections,
-    control_dir,
-    node_argv,
-    ssh_base_argv,
-    ssh_hostnames,
-    ssh_options,
 )
 
 __all__ = [

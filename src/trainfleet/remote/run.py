@@ -17,9 +17,9 @@ from collections.abc import Callable, Mapping, Sequence
 
 from trainfleet.cluster import Node
 from trainfleet.errors import RemoteError
+from trainfleet.remote.argv import node_argv
 from trainfleet.remote.failures import Failure, NodeResult, classify
 from trainfleet.remote.lines import LINE_CAP, READ_CHUNK, CappedLines, Line
-from trainfleet.remote.ssh import node_argv
 
 _DRAIN_AFTER_EXIT_S = 2.0
 """After ssh exits, how long to wait for its pipes to close (a background child may hold them)."""

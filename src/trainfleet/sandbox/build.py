@@ -25,7 +25,7 @@ from trainfleet import node as node_programs
 from trainfleet.cluster import DEFAULT_MASTER_PORT
 from trainfleet.errors import SandboxError
 from trainfleet.node import porthold
-from trainfleet.sandbox import cpu, fakegpu, files, hostile, netns, users
+from trainfleet.sandbox import cpu, fakegpu, hostile, netns, texts, users
 from trainfleet.sandbox import slurm as slurm_daemons
 from trainfleet.sandbox.faults import (
     BARE_PATH,
@@ -55,7 +55,7 @@ _SSHD_START_TIMEOUT_S = 15.0
 
 def plan_nodes(
     name: str, count: int, ifnames: Sequence[str], subnet: str
-) -> list[files.SandboxNode]:
+) -> list[texts.SandboxNode]:
     if not 1 <= count <= MAX_NODES:
         raise SandboxError(f"--nodes must be in 1..{MAX_NODES}, got {count}", "pick fewer nodes")
     if len(ifnames) not in (0, 1, count):
@@ -72,7 +72,7 @@ def plan_nodes(
         raise SandboxError(f"subnet {subnet} is too small for {count} nodes", "use a /24")
     names = list(ifnames) * count if len(ifnames) == 1 else list(ifnames) or ["eth0"] * count
     return [
-        files.SandboxNode(
+        texts.SandboxNode(
             index=k,
             hostname=f"gpu-node-{k}",
             address=str(hosts[9 + k]),
@@ -313,7 +313,7 @@ def _build(sandbox: Sandbox) -> None:
             own_name = "absent"
         silent = node.index in _faulted(sandbox, "dns-unreachable")
         mapped = node.index not in _faulted(sandbox, "client-name-unresolvable") and not silent
-        hosts = files.etc_hosts_text(sandbox.nodes, node, own_name=own_name, mapped=mapped)
+        hosts = texts.etc_hosts_text(sandbox.nodes, node, own_name=own_name, mapped=mapped)
         _write(Path("/etc/netns") / ns / "hosts", hosts)
         if silent:  # glibc's defaults: 5 s per try, 2 tries
             _write(Path("/etc/netns") / ns / "resolv.conf", f"nameserver {SILENT_RESOLVER}\n")
@@ -327,7 +327,7 @@ def _build(sandbox: Sandbox) -> None:
             _write(Path("/etc/netns") / ns / "passwd", _passwd_for_root(shell, home))
         trust = node.index not in _faulted(sandbox, "ssh-auth-failed")
         broken = node.index in _faulted(sandbox, "torch-import-error")
-        sshd_config = files.sshd_config_text(
+        sshd_config = texts.sshd_config_text(
             node,
             state,
             trust=trust,
@@ -418,7 +418,7 @@ def _write_client_files(sandbox: Sandbox, host_keys: dict[int, str]) -> None:
         ):
             key = _keygen(state / "nodes" / node.hostname / "previous_host_key")
         known.append((node, key))
-    _write(state / "hostfile", files.hostfile_text(sandbox.nodes, sandbox.slots))
+    _write(state / "hostfile", texts.hostfile_text(sandbox.nodes, sandbox.slots))
     if sandbox.auth == "password":
         # Nothing is known on fresh servers; a changed key is one trusted before a reinstall.
         was_known = _faulted(sandbox, "ssh-hostkey-changed") | _faulted(
@@ -427,19 +427,19 @@ def _write_client_files(sandbox: Sandbox, host_keys: dict[int, str]) -> None:
         changed = [(n, k) for n, k in known if n.index in was_known]
         if changed:
             (sandbox.home / ".ssh").mkdir(mode=0o700, exist_ok=True)
-            _write(sandbox.home / ".ssh" / "known_hosts", files.known_hosts_text(changed), 0o600)
+            _write(sandbox.home / ".ssh" / "known_hosts", texts.known_hosts_text(changed), 0o600)
         user = users.SANDBOX_USER
-        _write(state / "ssh_config", files.password_ssh_config_text(sandbox.nodes, user))
-        text = files.cluster_yaml_text(
+        _write(state / "ssh_config", texts.password_ssh_config_text(sandbox.nodes, user))
+        text = texts.cluster_yaml_text(
             sandbox.nodes, state, sandbox.slots, sandbox.master_port, password_user=user
         )
         _write(sandbox.cluster_file, text)
         return
-    _write(state / "known_hosts", files.known_hosts_text(known))
-    _write(state / "ssh_config", files.ssh_config_text(sandbox.nodes, state))
+    _write(state / "known_hosts", texts.known_hosts_text(known))
+    _write(state / "ssh_config", texts.ssh_config_text(sandbox.nodes, state))
     _write(
         sandbox.cluster_file,
-        files.cluster_yaml_text(sandbox.nodes, state, sandbox.slots, sandbox.master_port),
+        texts.cluster_yaml_text(sandbox.nodes, state, sandbox.slots, sandbox.master_port),
     )
 
 

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainfleet.errors import SandboxError
-from trainfleet.procs import pid_alive
-from trainfleet.sandbox import cpu, files, netns, slurm
+from trainfleet.localprocs import pid_alive
+from trainfleet.sandbox import cpu, netns, slurm, texts
 from trainfleet.sandbox.state import DEFAULT_NAME, Sandbox, check_name, load, state_root
 
 
@@ -75,7 +75,7 @@ def _close_client_connections(sandbox: Sandbox) -> None:
 
 @dataclass(frozen=True, slots=True)
 class NodeStatus:
-    node: files.SandboxNode
+    node: texts.SandboxNode
     netns_present: bool
     sshd_running: bool
     faults: tuple[str, ...]

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainfleet.errors import SandboxError
-from trainfleet.procs import pid_alive
+from trainfleet.localprocs import pid_alive
 from trainfleet.sandbox import netns
 from trainfleet.sandbox.state import Sandbox
 

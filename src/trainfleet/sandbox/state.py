@@ -20,7 +20,7 @@ from pathlib import Path
 
 from trainfleet.cluster import DEFAULT_MASTER_PORT
 from trainfleet.errors import SandboxError
-from trainfleet.sandbox import files, netns
+from trainfleet.sandbox import netns, texts
 from trainfleet.sandbox.faults import Fault, parse_fault
 
 DEFAULT_NAME = "tf"
@@ -40,7 +40,7 @@ class Sandbox:
     state_dir: Path
     subnet: str
     bridge: str
-    nodes: list[files.SandboxNode]
+    nodes: list[texts.SandboxNode]
     faults: list[Fault] = field(default_factory=list)
     slots: int = 1
     master_port: int = DEFAULT_MASTER_PORT
@@ -80,7 +80,7 @@ class Sandbox:
     def ssh_config(self) -> Path:
         return self.state_dir / "ssh_config"
 
-    def node(self, which: int | str) -> files.SandboxNode:
+    def node(self, which: int | str) -> texts.SandboxNode:
         """A node by 1-based index or hostname."""
         for node in self.nodes:
             if which in (node.index, node.hostname):
@@ -135,7 +135,7 @@ class Sandbox:
             faults=[parse_fault(f, hostnames) for f in data["faults"]],
             host_changes=list(data.get("host_changes", [])),
             slurm=data.get("slurm", False),
-            nodes=[files.SandboxNode(**n) for n in data["nodes"]],
+            nodes=[texts.SandboxNode(**n) for n in data["nodes"]],
         )
 
 

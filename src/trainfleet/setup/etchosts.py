@@ -29,7 +29,7 @@ from trainfleet.errors import NodeAnswerError, SetupError
 from trainfleet.node import files
 from trainfleet.remote import run_on_nodes
 from trainfleet.setup import verify
-from trainfleet.setup.fwstate import save_state
+from trainfleet.setup.firewall.record import save_state
 from trainfleet.setup.result import Confirm, SetupResult
 
 TAG = "# trainfleet setup hosts"
@@ -99,7 +99,7 @@ def _edit(
 ) -> tuple[dict[str, files.HostsAnswer], list[str]]:
     """The node job `files.edit_hosts` on each node (with `sudo -n` where the login is not
     root): its checked answer per node, and what failed."""
-    from trainfleet.setup.fwapply import sudo_prefixes
+    from trainfleet.setup.firewall.apply import sudo_prefixes
 
     nodes = [cluster.node(h) for h in jobs]
     sudo = sudo_prefixes(nodes)

@@ -28,7 +28,7 @@ from trainfleet.cluster import Cluster
 from trainfleet.doctor import DoctorReport, run_doctor
 from trainfleet.doctor.findings import Severity
 from trainfleet.errors import SetupError
-from trainfleet.setup.pyenv import default_target
+from trainfleet.setup.pyenv.step import default_target
 from trainfleet.setup.result import Confirm, SetupResult
 from trainfleet.setup.steps import ORDER as STEPS
 

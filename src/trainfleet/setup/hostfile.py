@@ -20,8 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from trainfleet import clusterfile
-from trainfleet.cluster import Cluster, parse_cluster_yaml
-from trainfleet.cluster import hostfile as cluster_hostfile
+from trainfleet.cluster import Cluster, dshostfile, parse_cluster_yaml
 from trainfleet.doctor.facts import NodeFacts
 from trainfleet.errors import SetupError
 from trainfleet.nodeset import fold_names
@@ -32,8 +31,8 @@ HEADER = "# written by `trainfleet setup hostfile` (DeepSpeed/MPI format: HOST s
 
 
 def hostfile_text(slots: dict[str, int]) -> str:
-    """The hostfile `setup hostfile` writes: its header, then `cluster.hostfile`'s lines."""
-    return cluster_hostfile.hostfile_text(slots, header=HEADER)
+    """The hostfile `setup hostfile` writes: its header, then `cluster.dshostfile`'s lines."""
+    return dshostfile.hostfile_text(slots, header=HEADER)
 
 
 def slots_for(

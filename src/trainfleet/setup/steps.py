@@ -113,7 +113,7 @@ def hostfile_out(options: StepOptions, cluster_file: str | None) -> str:
 
 
 def _ssh(call: StepCall) -> SetupResult:
-    from trainfleet.setup.trust import setup_ssh
+    from trainfleet.setup.trust.step import setup_ssh
 
     return setup_ssh(
         call.cluster,
@@ -149,7 +149,7 @@ def _env(call: StepCall) -> SetupResult:
 
 
 def _pyenv(call: StepCall) -> SetupResult:
-    from trainfleet.setup.pyenv import setup_pyenv
+    from trainfleet.setup.pyenv.step import setup_pyenv
 
     return setup_pyenv(
         call.cluster,
@@ -166,7 +166,7 @@ def _pyenv(call: StepCall) -> SetupResult:
 
 
 def _firewall(call: StepCall) -> SetupResult:
-    from trainfleet.setup.fwapply import setup_firewall
+    from trainfleet.setup.firewall.apply import setup_firewall
 
     return setup_firewall(
         call.cluster,
@@ -192,7 +192,7 @@ def _hosts(call: StepCall) -> SetupResult:
 
 
 def _sync(call: StepCall) -> SetupResult:
-    from trainfleet.setup.sync import sync_code
+    from trainfleet.setup.sync.step import sync_code
 
     directory = call.options.code_dir or call.cluster.workdir
     if directory is None:  # setup.every skips the step then; a caller of the table may not

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from trainfleet.procs import pid_start
+from trainfleet.localprocs import pid_start
 from trainfleet.status.human import render
 from trainfleet.status.rules import MARGIN, build_view
 from trainfleet.status.rundir import find_status_file, load_status

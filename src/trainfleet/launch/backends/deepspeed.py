@@ -42,10 +42,9 @@ from pathlib import Path
 
 from trainfleet import node as node_programs
 from trainfleet.cluster import Cluster
-from trainfleet.cluster.hostfile import hostfile_text
+from trainfleet.cluster.dshostfile import hostfile_text
 from trainfleet.doctor import DoctorReport
 from trainfleet.errors import TrainfleetError
-from trainfleet.files import write_private
 from trainfleet.launch import environment
 from trainfleet.launch.backend import Channel, ChannelLine, LaunchBackend, StopBy, head_line
 from trainfleet.launch.backends import over_ssh
@@ -55,6 +54,7 @@ from trainfleet.launch.options import LaunchFacts, LaunchOptions, master_port
 from trainfleet.node import isolated, shim
 from trainfleet.node.files import put_private
 from trainfleet.node.procs import kill_run
+from trainfleet.privatefiles import write_private
 from trainfleet.remote import run_on_nodes, ssh_options
 
 NODE_TABLE = "node_env.json"

@@ -6,7 +6,7 @@ one task on that node, the job's CPUs there) instead of over ssh, which Slurm cl
     ('slurm', 2)
 
 The plan, the environment, the lifeline and the stack dumps are the ssh backend's: the
-transport under them is the node's (`remote/ssh.py`'s `node_argv` gives `srun` for a node of
+transport under them is the node's (`remote/argv.py`'s `node_argv` gives `srun` for a node of
 the allocation), so nothing above it knows which it is. From a login node (no allocation),
 `--backend slurm` submits the same command as a batch job instead (`launch/sbatch.py`).
 """

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from trainfleet.errors import TrainfleetError
-from trainfleet.procs import pid_alive
+from trainfleet.localprocs import pid_alive
 
 
 @contextmanager

@@ -23,9 +23,9 @@ from typing import Any, TypedDict
 
 from trainfleet.cluster import Cluster
 from trainfleet.errors import SetupError
-from trainfleet.files import write_private
+from trainfleet.privatefiles import write_private
 from trainfleet.remote import NodeResult, run_on_nodes
-from trainfleet.setup import firewall
+from trainfleet.setup.firewall.ruleset import TAG, nft_listed, revert_is_ours
 from trainfleet.setup.result import SetupResult
 
 TIMEOUT_S = 30
@@ -48,12 +48,12 @@ class RuleEntry(_Entry, total=False):
 def default_state_file(cluster_in: str | None) -> str:
     if cluster_in:
         return f"{cluster_in}.firewall.json"
-    return str(Path.home() / ".trainfleet" / "firewall.json")
+    return str(Path.home() / ".trainfleet" / "rules.json")
 
 
 def load_state(path: str, *, must_exist: bool = False) -> dict[str, Any]:
     """The state file, checked: every entry's revert command must be one `setup firewall`
-    makes (`firewall.revert_is_ours`), so that an edited file cannot make --revert run
+    makes (`revert_is_ours`), so that an edited file cannot make --revert run
     anything else. `must_exist`: a missing file is an error (--revert), not an empty state."""
     try:
         state = json.loads(Path(path).read_text())
@@ -63,7 +63,7 @@ def load_state(path: str, *, must_exist: bool = False) -> dict[str, Any]:
                 f"{path}: no firewall state file, so nothing recorded to revert",
                 "pass the --state FILE that --apply used (it names it when it adds a rule); "
                 "without it, remove rules by hand: each carries the comment "
-                f"`{firewall.TAG}`",
+                f"`{TAG}`",
             ) from None
         return {"version": 1, "nodes": {}}
     except ValueError as exc:
@@ -76,7 +76,7 @@ def load_state(path: str, *, must_exist: bool = False) -> dict[str, Any]:
     for host, items in nodes.items():
         for i, item in enumerate(items):
             ok = isinstance(item, dict) and isinstance(item.get("text"), str)
-            if not ok or not firewall.revert_is_ours(item.get("backend"), item.get("revert")):
+            if not ok or not revert_is_ours(item.get("backend"), item.get("revert")):
                 raise SetupError(
                     f"{path}: entry {i + 1} of {host} is not a rule `setup firewall` added "
                     f"(revert {str(item.get('revert') if isinstance(item, dict) else item)[:120]})",
@@ -157,12 +157,12 @@ def find_nft_rule(listing: str, item: RuleEntry, claimed: set[str]) -> tuple[Fou
         (<Found.GONE: 'gone'>, None)
     """
     rules = [m.groups() for line in listing.splitlines() if (m := _LISTED.fullmatch(line.strip()))]
-    ours = f'comment "{firewall.TAG}"'
+    ours = f'comment "{TAG}"'
     recorded = item["revert"][-1]
     if recorded.isdigit():
         here = any(handle == recorded and ours in body for body, handle in rules)
         return (Found.HERE, recorded) if here else (Found.GONE, None)
-    listed = firewall.nft_listed(item["text"], _chain(item["revert"]))
+    listed = nft_listed(item["text"], _chain(item["revert"]))
     if listed is None:
         return Found.UNSURE, None
     exact = [handle for body, handle in rules if body == listed and handle not in claimed]

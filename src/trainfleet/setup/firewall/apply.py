@@ -28,14 +28,22 @@ from trainfleet.doctor.collect import Survey
 from trainfleet.doctor.facts import NodeFacts
 from trainfleet.errors import SetupError
 from trainfleet.remote import run_on_nodes
-from trainfleet.setup import firewall, verify
-from trainfleet.setup.fwstate import (
+from trainfleet.setup import verify
+from trainfleet.setup.firewall.record import (
     RuleEntry,
     default_state_file,
     load_state,
     revert_rules,
     run_in_turn,
     save_state,
+)
+from trainfleet.setup.firewall.ruleset import (
+    Rule,
+    active_backends,
+    allow_rules,
+    already_present,
+    nft_chains_to_open,
+    nft_handle,
 )
 from trainfleet.setup.result import Confirm, SetupResult
 from trainfleet.untrusted import valid_interface, valid_peer, valid_word
@@ -92,7 +100,7 @@ def plan_rules(
     zones: dict[str, str],
     *,
     resolved: Mapping[str, Sequence[str]] | None = None,
-) -> tuple[dict[str, list[firewall.Rule]], list[str]]:
+) -> tuple[dict[str, list[Rule]], list[str]]:
     """The rules for each blocked node, and notes for those no rule can be found for. A peer's
     address gets a rule only when it is one `trusted_addresses` knows that peer by (`resolved`:
     `resolve_names`; without it, only the addresses ssh connects to and literal addresses)."""
@@ -128,7 +136,7 @@ def plan_rules(
                 )
             else:
                 peers.append(address)
-        backends = firewall.active_backends(facts.firewall)
+        backends = active_backends(facts.firewall)
         if not backends:
             notes.append(
                 f"{host}: TCP to it is dropped, but no iptables/nftables/ufw/firewalld "
@@ -136,22 +144,18 @@ def plan_rules(
                 "outside the node (a cloud security group)"
             )
             continue
-        chains = firewall.nft_chains_to_open(facts.firewall, skip_iptables="iptables" in backends)
+        chains = nft_chains_to_open(facts.firewall, skip_iptables="iptables" in backends)
         rules[host] = [
             rule
             for backend in backends
-            for rule in firewall.allow_rules(
-                backend, iface, peers, chains=chains, zone=zones.get(host)
-            )
+            for rule in allow_rules(backend, iface, peers, chains=chains, zone=zones.get(host))
         ]
     return rules, notes
 
 
 def _firewalld_zones(cluster: Cluster, survey: Survey, blocked: list[str]) -> dict[str, str]:
     chosen = chosen_interfaces(survey)
-    hosts = [
-        h for h in blocked if "firewalld" in firewall.active_backends(survey.facts[h].firewall)
-    ]
+    hosts = [h for h in blocked if "firewalld" in active_backends(survey.facts[h].firewall)]
     if not hosts:
         return {}
     argv = {h: ["firewall-cmd", f"--get-zone-of-interface={chosen[h]}"] for h in hosts}
@@ -168,7 +172,7 @@ def sudo_prefixes(nodes: Sequence[Node]) -> dict[str, list[str]]:
 
 
 def apply_rules(
-    cluster: Cluster, rules: dict[str, list[firewall.Rule]], state_file: str, result: SetupResult
+    cluster: Cluster, rules: dict[str, list[Rule]], state_file: str, result: SetupResult
 ) -> None:
     state = load_state(state_file)
     state["cluster"] = cluster.source
@@ -182,14 +186,14 @@ def apply_rules(
                 failed.append(f"{r.node}: `{rule.text}`: {r.reason()}")
                 argvs[r.node] = argvs[r.node][: i + 1]  # stop there on that node
                 continue
-            if firewall.already_present(rule.backend, r.stdout + r.stderr):
+            if already_present(rule.backend, r.stdout + r.stderr):
                 result.note(
                     f"{r.node}: already there (not recorded, so never removed): {rule.text}"
                 )
                 continue
             revert = list(rule.revert)
             if rule.backend == "nftables":
-                handle = firewall.nft_handle(r.stdout)
+                handle = nft_handle(r.stdout)
                 revert.append(handle or "?")  # --revert then looks for the rule itself
                 if handle is None:
                     result.note(

@@ -16,7 +16,8 @@ from trainfleet.errors import NodeAnswerError, SetupError
 from trainfleet.node import sshkeys
 from trainfleet.nodeset import fold_names
 from trainfleet.remote import NodeResult, run_on_nodes
-from trainfleet.setup import hostkeys, verify
+from trainfleet.setup import verify
+from trainfleet.setup.trust import hostkeys
 from trainfleet.untrusted import printable, valid_key
 
 JOB_TIMEOUT_S = 60

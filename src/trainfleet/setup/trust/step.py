@@ -36,10 +36,11 @@ from trainfleet.errors import SetupError
 from trainfleet.node import sshkeys
 from trainfleet.nodeset import fold_names
 from trainfleet.remote import Failure, classify, run_on_nodes
-from trainfleet.setup import askpass, hostkeys, verify
-from trainfleet.setup.jobs import JOB_ARGV, JOB_TIMEOUT_S, job_line, node_job, run_jobs
-from trainfleet.setup.launchside import this_machine
+from trainfleet.setup import verify
 from trainfleet.setup.result import Confirm, SetupResult
+from trainfleet.setup.trust import askpass, hostkeys
+from trainfleet.setup.trust.keyjobs import JOB_ARGV, JOB_TIMEOUT_S, job_line, node_job, run_jobs
+from trainfleet.setup.trust.this_machine import this_machine
 from trainfleet.untrusted import valid_name
 
 Password = Callable[[list[str]], str]

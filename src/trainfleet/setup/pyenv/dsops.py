@@ -45,9 +45,9 @@ from trainfleet.node import files
 from trainfleet.node.dsops import cuda_tag
 from trainfleet.nodeset import fold_names
 from trainfleet.remote import run_on_nodes
-from trainfleet.remote.ssh import node_argv
+from trainfleet.remote.argv import node_argv
 from trainfleet.setup.result import SetupResult
-from trainfleet.setup.transfer import COPY_TIMEOUT_S, STAGE_PREFIX, stream_tar
+from trainfleet.setup.sync.transfer import COPY_TIMEOUT_S, STAGE_PREFIX, stream_tar
 from trainfleet.untrusted import printable
 
 DEFAULT_OPS = ("fused_adam",)

@@ -1,6 +1,6 @@
 """The text of every file the sandbox writes: pure functions of the sandbox's layout.
 
-    >>> from trainfleet.sandbox.files import hostfile_text
+    >>> from trainfleet.sandbox.texts import hostfile_text
     >>> print(hostfile_text([SandboxNode(index=1, hostname="gpu-node-1", address="10.0.0.11",
     ...     ifname="eth0", netns="tf-x-1", host_veth="tv-x-1")], slots=2), end="")
     gpu-node-1 slots=2
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from trainfleet.cluster import hostfile
+from trainfleet.cluster import dshostfile
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +145,7 @@ def known_hosts_text(entries: list[tuple[SandboxNode, str]]) -> str:
 
 
 def hostfile_text(nodes: list[SandboxNode], slots: int) -> str:
-    return hostfile.hostfile_text({node.hostname: slots for node in nodes})
+    return dshostfile.hostfile_text({node.hostname: slots for node in nodes})
 
 
 def cluster_yaml_text(

@@ -9,7 +9,8 @@ firewall that is active on a node; pure functions of doctor's facts.
 One rule per peer node: TCP from that node's address, in on the data interface, accepted
 ahead of the rules that drop (NCCL's and gloo's ports are random, so no port list is narrower
 and still works). Every rule carries the comment `trainfleet`, and each has the exact command
-that removes it again; `fwapply` records those. A firewall is never disabled or flushed.
+that removes it again; `apply` records those (in `record`). A firewall is never disabled or
+flushed.
 """
 
 from __future__ import annotations

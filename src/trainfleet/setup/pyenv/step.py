@@ -1,7 +1,7 @@
 """`trainfleet setup pyenv`: this machine's training environment on every node, at the same
 versions, with no internet on the nodes, and cluster.yaml's `python:` pointing at it.
 
-    >>> from trainfleet.setup.wheels import Dist
+    >>> from trainfleet.setup.pyenv.wheels import Dist
     >>> tag = "cp311-cp311-manylinux_2_28_x86_64"
     >>> torch = Dist(name="torch", version="2.13.0+cpu", tags=(tag,))
     >>> node = NodeEnv(version="3.11.2", packages={"torch": "2.4"}, glibc="2.36", machine="x86_64")
@@ -17,8 +17,8 @@ packages whose version differs from this machine's, or that are missing, are ins
 that matches is left alone. Before anything is copied, every node must be able to take every
 wheel it needs (its Python's minor version, glibc, machine, NVIDIA driver for a CUDA torch):
 otherwise nothing is installed anywhere and the nodes are named with the reasons. The wheels
-are gathered once here (`trainfleet.setup.wheels`), copied with tar over ssh, installed with no
-index, and doctor's version checks end the step.
+are gathered once here (`wheels`), copied with tar over ssh, installed with no index, and
+doctor's version checks end the step.
 """
 
 from __future__ import annotations
@@ -43,10 +43,11 @@ from trainfleet.launch.environment import launch_shell_env
 from trainfleet.node import pyenv as node_pyenv
 from trainfleet.nodeset import fold_names
 from trainfleet.remote import run_on_nodes
-from trainfleet.setup import clusteryaml, dsops, verify, wheels
+from trainfleet.setup import clusteryaml, verify
+from trainfleet.setup.pyenv import dsops, wheels
+from trainfleet.setup.pyenv.wheels import Dist
 from trainfleet.setup.result import Confirm, SetupResult
-from trainfleet.setup.transfer import COPY_TIMEOUT_S, stream_tar
-from trainfleet.setup.wheels import Dist
+from trainfleet.setup.sync.transfer import COPY_TIMEOUT_S, stream_tar
 from trainfleet.untrusted import printable
 
 WHEEL_DIR = ".trainfleet-wheels"
@@ -257,7 +258,7 @@ def setup_pyenv(
     say: Callable[[str], None] = _say,
 ) -> SetupResult:
     """Install this machine's training packages into `target` on every node that differs, then
-    DeepSpeed's JIT ops (`ds_ops`, see `trainfleet.setup.dsops`) where they are not built."""
+    DeepSpeed's JIT ops (`ds_ops`, see `trainfleet.setup.pyenv.dsops`) where they are not built."""
     target = target or default_target()
     if not target:
         raise SetupError(

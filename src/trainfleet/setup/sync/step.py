@@ -29,7 +29,7 @@ from trainfleet.nodeset import fold_names
 from trainfleet.remote import run_on_nodes
 from trainfleet.setup import verify
 from trainfleet.setup.result import Confirm, SetupResult
-from trainfleet.setup.transfer import choose_method, copy_to
+from trainfleet.setup.sync.transfer import choose_method, copy_to
 
 DEFAULT_EXCLUDES = (
     ".git",

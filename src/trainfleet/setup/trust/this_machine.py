@@ -16,8 +16,8 @@ from __future__ import annotations
 from trainfleet.cluster import Cluster
 from trainfleet.errors import SetupError
 from trainfleet.node import sshkeys
-from trainfleet.setup import hostkeys
 from trainfleet.setup.result import THIS_MACHINE, Confirm, SetupResult
+from trainfleet.setup.trust import hostkeys
 
 CONSOLE_CHECK = "ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub"
 """How the user reads a node's real host key fingerprint, on a console that needs no ssh."""

@@ -11,7 +11,7 @@ prints one environment variable; the password lives only in the environment of t
 process and its askpass child, for the one copy. It is never written to a file, never put on
 a command line (where `ps` would show it), never logged, and forgotten when setup ends. No
 ssh master keeps it (ControlMaster=no). A node behind a ProxyJump/ProxyCommand is refused before
-the password is asked (setup/trust.py): the jump's own ssh would inherit that environment and
+the password is asked (setup/trust/step.py): the jump's own ssh would inherit that environment and
 answer the jump host's password question with it.
 """
 
