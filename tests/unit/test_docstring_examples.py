@@ -26,6 +26,7 @@ MODULES = [
     "trainfleet.cluster.validate",
     "trainfleet.cluster.yaml_spec",
     "trainfleet.sandbox.build",
+    "trainfleet.sandbox.daemons",
     "trainfleet.sandbox.state",
     "trainfleet.sandbox.hostile",
     "trainfleet.plan",
