@@ -15,7 +15,7 @@ from trainfleet.cli.main import main
 from trainfleet.cluster import load_cluster
 from trainfleet.cluster.slurm import allocation
 from trainfleet.errors import TrainfleetError
-from trainfleet.launch import sbatch
+from trainfleet.launch import batch_job, follow_job, sbatch
 from trainfleet.launch.backends import BACKENDS, default_for
 
 pytestmark = pytest.mark.unit
@@ -73,7 +73,7 @@ def test_a_value_that_would_be_a_second_line_or_no_option_is_refused(field, valu
 
 
 def test_each_recorded_end_gives_the_exit_code_a_shell_would():
-    jobs = {job: sbatch.JobState.parse(line) for job, line in _recorded().items()}
+    jobs = {job: batch_job.JobState.parse(line) for job, line in _recorded().items()}
     assert {job: (s.state, s.exit_code, s.nodes) for job, s in jobs.items() if s} == {
         "2": ("FAILED", 1, "gpu-node-[1-2]"),  # a rank crashed: trainfleet in the job exited 1
         "3": ("CANCELLED", 137, "gpu-node-[1-2]"),  # plain scancel: the script got SIGKILL
@@ -81,10 +81,10 @@ def test_each_recorded_end_gives_the_exit_code_a_shell_would():
         "5": ("COMPLETED", 0, "gpu-node-[1-2]"),
     }
     assert all(state.ended for state in jobs.values() if state)
-    assert sbatch.JobState.parse("JobState=PENDING Reason=Resources NodeList=(null)").said() == (
+    assert batch_job.JobState.parse("JobState=PENDING Reason=Resources NodeList=(null)").said() == (
         "PENDING (Resources)"
     )
-    assert sbatch.JobState.parse("slurm_load_jobs error: Invalid job id specified") is None
+    assert batch_job.JobState.parse("slurm_load_jobs error: Invalid job id specified") is None
 
 
 def test_following_prints_each_new_state_once_and_the_output_as_it_grows(tmp_path):
@@ -96,13 +96,13 @@ def test_following_prints_each_new_state_once_and_the_output_as_it_grows(tmp_pat
                    _recorded()["5"]])  # fmt: skip
     writes = iter(["", "", "[n1:0] step 1", " of 2\n[n2:1] ready\n", "[n1:0] done"])
 
-    def look_at(job: str) -> sbatch.JobState | None:
+    def look_at(job: str) -> batch_job.JobState | None:
         with output.open("a") as handle:  # the job's output grows between two looks
             handle.write(next(writes))
-        return sbatch.JobState.parse(next(states))
+        return batch_job.JobState.parse(next(states))
 
     out, said = io.StringIO(), []
-    end = sbatch.follow("5", output, out=out, say=said.append, poll_s=0, look_at=look_at)
+    end = follow_job.follow("5", output, out=out, say=said.append, poll_s=0, look_at=look_at)
     assert said == ["job 5: PENDING (Priority)", "job 5: RUNNING on n[1-2]",
                     "job 5: COMPLETED on gpu-node-[1-2]"]  # fmt: skip
     # Whole lines as they come; the last one, without its newline, once the job has ended.
@@ -111,8 +111,9 @@ def test_following_prints_each_new_state_once_and_the_output_as_it_grows(tmp_pat
 
 
 def test_a_job_slurm_forgot_ends_the_follow_with_where_to_look(tmp_path):
-    end = sbatch.follow("9", tmp_path / "none.out", out=io.StringIO(), say=lambda _: None,
-                        poll_s=0, look_at=lambda _: sbatch.JobState(state=sbatch.GONE))  # fmt: skip
+    gone = batch_job.JobState(state=batch_job.GONE)
+    end = follow_job.follow("9", tmp_path / "none.out", out=io.StringIO(), say=lambda _: None,
+                            poll_s=0, look_at=lambda _: gone)  # fmt: skip
     assert end.exit_code == 1 and "sacct -j JOB" in (end.why or "")
 
 

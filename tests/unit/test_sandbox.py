@@ -12,7 +12,7 @@ import yaml
 from trainfleet.catalog import CATALOG, FindingId
 from trainfleet.cluster import parse_cluster_yaml, parse_hostfile
 from trainfleet.errors import SandboxError
-from trainfleet.sandbox import FAULTS, build, faults, netns, state, texts
+from trainfleet.sandbox import FAULTS, build, daemons, faults, netns, state, texts
 
 pytestmark = pytest.mark.unit
 
@@ -134,14 +134,17 @@ def test_sshd_config_without_trust_points_at_no_key(tmp_path):
 
 def test_every_fault_in_the_catalog_is_applied_by_name_and_a_misspelt_name_is_a_bug():
     """A fault the builder never names would be accepted by `sandbox up` and inject nothing."""
-    named = set(re.findall(r'"([a-z0-9-]+)"', inspect.getsource(build)))
+    from trainfleet.sandbox import nodes  # here, not at the top: the other tests' nodes are lists
+
+    source = "".join(inspect.getsource(module) for module in (build, nodes, daemons))
+    named = set(re.findall(r'"([a-z0-9-]+)"', source))
     named |= {name for name, kind in FAULTS.items() if kind.gpus}  # applied by their spec
     assert set(FAULTS) <= named, sorted(set(FAULTS) - named)
     box = state.Sandbox(
         name="x", state_dir=Path("/nonexistent"), subnet="10.9.9.0/24", bridge="b", nodes=[]
     )
     with pytest.raises(KeyError, match="port-in-uses"):
-        build._faulted(box, "port-in-uses")
+        daemons._faulted(box, "port-in-uses")
 
 
 def test_the_sandbox_name_may_be_given_as_an_argument_as_users_type_it(

@@ -169,11 +169,11 @@ def requeue_if_signalled(job: InJob, signalled: str | None) -> bool:
     again and resumes); whether it was asked."""
     import sys
 
-    from trainfleet.launch import sbatch
+    from trainfleet.launch import batch_job
 
     if job.job_id is None or job.preempt_signal is None or signalled != job.preempt_signal:
         return False
-    sbatch.requeue(job.job_id)
+    batch_job.requeue(job.job_id)
     print(f"trainfleet: requeued Slurm job {job.job_id}: its next start resumes from the"
           " checkpoint just saved", file=sys.stderr, flush=True)  # fmt: skip
     return True

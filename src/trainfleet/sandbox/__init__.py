@@ -5,9 +5,9 @@
     >>> sandbox.down()  # doctest: +SKIP
 
 For trainfleet's own tests, its demo, and for users who want to rehearse a multi-node launch
-before paying for GPUs. `build` makes it, `lifecycle` takes it down and reports on it, `state`
-is its record, `faults` lists what can be broken on purpose, `files` holds the text of what it
-writes, `netns` the system calls.
+before paying for GPUs. `build` makes it (`nodes` its nodes, `daemons` what runs on them),
+`lifecycle` takes it down and reports on it, `state` is its record, `faults` lists what can be
+broken on purpose, `files` holds the text of what it writes, `netns` the system calls.
 """
 
 from trainfleet.sandbox.build import up
