@@ -29,6 +29,10 @@ each node its own environment),
 TRAINFLEET_PREFIX_OUTPUT=1 (prefix every output line with `[defaultN]:`, N the local rank, as
 torchrun's --tee does; for DeepSpeed's launcher, which gives a node's ranks one stdout),
 TRAINFLEET_JIT_LOCK_REPORT_S (seconds between the lock-wait reports; default 60).
+
+It is one file on purpose, the one node module that imports no other: its source is written on
+the node as DIR/shim.py and run by the launcher as a script, on nodes where trainfleet may not be
+installed (or is another version), ahead of the user's own imports.
 """
 
 import atexit
