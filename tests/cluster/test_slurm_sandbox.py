@@ -133,6 +133,19 @@ def test_launch_inside_an_allocation_reaches_the_nodes_through_srun_with_sshd_st
         assert f"[{host}:{rank}] rank {rank} of 2 on {host} sum 2 job " in out, out
     assert _slurm(box, "squeue", "-h").stdout == ""
 
+    # DeepSpeed's runner needs ssh (pdsh): refused before anything starts, saying which node
+    # and which backend needs none.
+    code, out = _salloc_launch(box, tmp_path, "--backend", "deepspeed")
+    assert code == 1, out
+    assert (
+        "--backend deepspeed starts ranks with pdsh over ssh, and ssh to gpu-node-1 fails"
+        " inside this Slurm job"
+        in out
+        and "use --backend slurm" in out
+    ), out
+    assert "sum 2" not in out, out
+    assert _slurm(box, "squeue", "-h").stdout == ""
+
 
 def test_a_crashing_rank_in_an_allocation_is_named_and_the_job_ends(make_sandbox, tmp_path):
     box = make_sandbox(nodes=2, slurm=True)

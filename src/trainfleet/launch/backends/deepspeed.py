@@ -13,7 +13,8 @@ deepspeed.launcher.launch` with the launch node's python path. What trainfleet a
 - `--master_addr` (the runner's own guess is the first address of `hostname -I` on the first
   node, a docker0 as readily as the data network);
 - its ssh options for pdsh (PDSH_SSH_ARGS_APPEND), and --no_ssh_check (the runner's own check
-  ignores them; trainfleet's preflight has checked ssh to every node);
+  ignores them; trainfleet's preflight has checked ssh to every node, inside a Slurm job too,
+  where doctor itself reaches the nodes with srun);
 - the rank shim as the script: on each node it sets that node's own environment (interface,
   DS_ACCELERATOR, cluster.yaml env, secrets) from a table written beforehand, over ssh, to a
   private directory on every node (0700/0600), and removed after the run. Each node gets only
@@ -329,12 +330,37 @@ def pdsh_line(text: str) -> ChannelLine:
     )
 
 
+SSH_CHECK_TIMEOUT_S = 20.0
+"""How long `ssh NODE true` may take inside a Slurm job before the node counts as unreachable."""
+
+
+def ssh_reaches_job_nodes(cluster: Cluster) -> None:
+    """Inside a Slurm job, doctor reaches the nodes as steps of the job, but DeepSpeed's runner
+    still reaches them with pdsh over ssh, which Slurm clusters block or allow only for nodes
+    where the user holds a job (pam_slurm_adopt). Refused before anything starts where ssh does
+    not get through, naming the node and the backend that needs no ssh."""
+    in_job = [dataclasses.replace(node, slurm=None) for node in cluster.nodes if node.slurm]
+    if not in_job:
+        return
+    failed = [r for r in run_on_nodes(in_job, ["true"], timeout=SSH_CHECK_TIMEOUT_S) if not r.ok]
+    if failed:
+        raise TrainfleetError(
+            f"--backend deepspeed starts ranks with pdsh over ssh, and ssh to {failed[0].node}"
+            f" fails inside this Slurm job ({failed[0].reason()}"
+            + (f"; {len(failed) - 1} more node(s) too" if len(failed) > 1 else "")
+            + ")",
+            "use --backend slurm (the default inside a job: torchrun on every node as a step"
+            " of the job, DeepSpeed's ZeRO unchanged), or ask for ssh to the job's nodes",
+        )
+
+
 class DeepSpeedBackend:
     name = "deepspeed"
     summary = "DeepSpeed's own runner (pdsh), each node still given its own environment"
     lookup_rounds = 1  # DeepSpeed's launcher joins no rendezvous of its own: the ranks only
 
     def preflight(self, cluster: Cluster, *, read_only: bool) -> DoctorReport:
+        ssh_reaches_job_nodes(cluster)
         return over_ssh.preflight(cluster, read_only=read_only)
 
     def plan(
