@@ -80,7 +80,8 @@ ENTRIES: dict[FindingId, Entry] = {
         title="a torch JIT build lock left by a killed build",
         seen="every rank that loads the op waits in silence, forever, right after the rendezvous",
         detect="lock files under the node's torch extensions directory older than a minute "
-        "that no process holds or builds under; the shim names a lock a rank waits for",
+        "that no process holds or builds under; trainfleet's wrapper in each rank names a lock"
+        " it waits for",
         fix="`trainfleet doctor --fix` removes it after checking again, or `rm` the lock named",
         sandbox=Sandbox(
             setup="a lock in a node's TORCH_EXTENSIONS_DIR, held by a process then killed",

@@ -169,8 +169,8 @@ def none_stuck(records: Mapping[int, Mapping[str, Any] | None], nodes: Mapping[i
     """What to say when no collective is pending on any rank that answered."""
     answered = sorted(r for r, rec in records.items() if isinstance(rec, dict))
     if not answered:
-        return ("no Flight Recorder record from any rank (a torch without it, the shim not in"
-                " the ranks, or none answered): see the stacks")  # fmt: skip
+        return ("no Flight Recorder record from any rank (a torch without it, trainfleet's"
+                " rank wrapper not in the ranks, or none answered): see the stacks")  # fmt: skip
     silent = sorted(set(nodes) - set(answered))
     text = (f"no collective pending on the {len(answered)} rank(s) with a Flight Recorder record:"
             " the hang is outside collectives (see the stacks)")  # fmt: skip

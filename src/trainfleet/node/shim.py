@@ -216,7 +216,7 @@ def answer_flight_record_requests():
                     json.dump(summary, f)
                 os.replace(path + ".tmp", path)
             except Exception as exc:  # never the rank's end: say why and keep running
-                sys.stderr.write("trainfleet shim: flight record not written: %s\n" % exc)
+                sys.stderr.write("trainfleet: flight record not written: %s\n" % exc)
 
     threading.Thread(target=loop, name="trainfleet-flight-record", daemon=True).start()
 
@@ -274,7 +274,7 @@ def wrap_trainer(trainer_module):
             try:
                 self.add_callback(Beats())
             except Exception as exc:  # the training is the user's: it goes on without beats
-                sys.stderr.write("trainfleet shim: no heartbeats from this Trainer: %s\n" % exc)
+                sys.stderr.write("trainfleet: no heartbeats from this Trainer: %s\n" % exc)
 
     # A mark on the function object, read back by getattr: wraps' type declares none.
     __init__._trainfleet = True  # type: ignore[attr-defined]
@@ -428,7 +428,7 @@ def run_executable(word, path, args):
     try:
         child = subprocess.Popen([word] + args, executable=path)
     except OSError as exc:
-        sys.stderr.write("trainfleet shim: cannot run %s: %s\n" % (path, exc))
+        sys.stderr.write("trainfleet: cannot run %s: %s\n" % (path, exc))
         mark("exit=126")
         sys.exit(126)
 
@@ -511,7 +511,7 @@ def main(argv):
     while argv and argv[0].startswith(("--local_rank", "--local-rank")):
         passed.append(argv.pop(0))
     if not argv:
-        sys.exit("trainfleet shim: no script given")
+        sys.exit("trainfleet: no script given")
     os.environ.update(node_env())
     if os.environ.get("TRAINFLEET_PREFIX_OUTPUT") == "1":
         prefix_output(("[default%s]:" % os.environ.get("LOCAL_RANK", "0")).encode())
@@ -522,7 +522,7 @@ def main(argv):
         path = resolve(target)
         if path is None:
             sys.stderr.write(
-                "trainfleet shim: %s: not found on this node (not a file, and not on PATH=%s)\n"
+                "trainfleet: %s: not found on this node (not a file, and not on PATH=%s)\n"
                 % (target, os.environ.get("PATH", ""))
             )
             mark("exit=127")
@@ -602,7 +602,7 @@ def release_process_group():
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
     except Exception as exc:  # the script's work is done: say so, and let the rank exit 0
-        sys.stderr.write("trainfleet shim: destroying the process group at exit: %s\n" % exc)
+        sys.stderr.write("trainfleet: destroying the process group at exit: %s\n" % exc)
 
 
 if __name__ == "__main__":

@@ -265,8 +265,9 @@ def render_deepspeed(plan: DeepSpeedPlan) -> str:
     for node_rank, entry in enumerate(plan.node_table):
         lines += [
             "",
-            f"{entry.host}: ranks {entry.first_rank}-{entry.ranks()[-1]}; set by the shim "
-            f"({plan.node_dir}/{node_env_file(node_rank)}, 0600, on {entry.host} only):",
+            f"{entry.host}: ranks {entry.first_rank}-{entry.ranks()[-1]}; set in each rank by"
+            f" trainfleet ({plan.node_dir}/{node_env_file(node_rank)}, 0600,"
+            f" on {entry.host} only):",
         ]
         lines += env_lines(masked(entry.env), entry.sources)
     return "\n".join(lines)
