@@ -144,7 +144,7 @@ def test_every_fault_in_the_catalog_is_applied_by_name_and_a_misspelt_name_is_a_
         name="x", state_dir=Path("/nonexistent"), subnet="10.9.9.0/24", bridge="b", nodes=[]
     )
     with pytest.raises(KeyError, match="port-in-uses"):
-        daemons._faulted(box, "port-in-uses")
+        daemons.faulted(box, "port-in-uses")
 
 
 def test_the_sandbox_name_may_be_given_as_an_argument_as_users_type_it(

@@ -24,7 +24,7 @@ from trainfleet.sandbox import netns, texts, users
 from trainfleet.sandbox import slurm as slurm_daemons
 from trainfleet.sandbox.faults import DECOYS, parse_fault
 from trainfleet.sandbox.lifecycle import down
-from trainfleet.sandbox.nodes import _build
+from trainfleet.sandbox.nodes import build_nodes
 from trainfleet.sandbox.state import (
     DEFAULT_NAME,
     MAX_NODES,
@@ -131,7 +131,7 @@ def up(
         )
         try:
             sandbox.host_changes = _room_for_neighbours(len(planned))
-            _build(sandbox)
+            build_nodes(sandbox)
             if slurm:
                 slurm_daemons.start(sandbox)
         except BaseException:

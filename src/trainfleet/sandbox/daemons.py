@@ -2,13 +2,13 @@
 mount namespaces, its fake GPUs' nvidia-smi laid over /usr/bin, its node-local directory bound),
 the `cpu-throttle` fault's cgroup around it, and the processes a fault needs held (the master
 port for `port-in-use`, a resolver that never answers for `dns-unreachable`, both
-`node/porthold.py`). Also which nodes a fault is on (`_faulted`) and which GPUs a node
-simulates (`_fake_gpus`), read here and by the build (`sandbox/nodes.py`).
+`node/porthold.py`). Also which nodes a fault is on (`faulted`) and which GPUs a node
+simulates (`fake_gpus`), read here and by the build (`sandbox/nodes.py`).
 
     >>> from trainfleet.sandbox.faults import Fault
     >>> box = Sandbox(name="x", state_dir=Path("/nonexistent"), subnet="10.9.9.0/24",
     ...               bridge="b", nodes=[], faults=[Fault("port-in-use", 1)])
-    >>> _faulted(box, "port-in-use"), _faulted(box, "cpu-throttle"), _fake_gpus(box, 1)
+    >>> faulted(box, "port-in-use"), faulted(box, "cpu-throttle"), fake_gpus(box, 1)
     ({1}, set(), None)
 """
 
@@ -31,7 +31,7 @@ from trainfleet.sandbox.state import Sandbox
 _SSHD_START_TIMEOUT_S = 15.0
 
 
-def _faulted(sandbox: Sandbox, fault_name: str) -> set[int]:
+def faulted(sandbox: Sandbox, fault_name: str) -> set[int]:
     """The nodes given `fault_name`. A name not in the catalog is a bug here, never a fault
     that silently injects nothing."""
     if fault_name not in FAULTS:
@@ -41,10 +41,10 @@ def _faulted(sandbox: Sandbox, fault_name: str) -> set[int]:
 
 FAKE_GPU_DIR = "fakegpu"
 """In a node's directory: its simulated GPUs' spec and the `nvidia-smi` and `dmesg` wrappers
-(bin/), laid over its /usr/bin (`_start_sshds`)."""
+(bin/), laid over its /usr/bin (`start_sshds`)."""
 
 
-def _fake_gpus(sandbox: Sandbox, index: int) -> fakegpu.FakeGpuSpec | None:
+def fake_gpus(sandbox: Sandbox, index: int) -> fakegpu.FakeGpuSpec | None:
     """The GPUs node `index` simulates: those of its `fake-gpu*` fault; None: it has none."""
     specs = [(f.name, f.kind.gpus) for f in sandbox.faults if f.node == index and f.kind.gpus]
     if len(specs) > 1:
@@ -58,7 +58,7 @@ def _fake_gpus(sandbox: Sandbox, index: int) -> fakegpu.FakeGpuSpec | None:
 
 def _claimed_torch(sandbox: Sandbox, index: int, directory: Path) -> tuple[Path, Path] | None:
     """(the layer, site-packages) where node `index`'s fake GPUs claim a torch build."""
-    gpus = _fake_gpus(sandbox, index)
+    gpus = fake_gpus(sandbox, index)
     if gpus is None or gpus.torch is None:
         return None
     try:
@@ -70,10 +70,13 @@ def _claimed_torch(sandbox: Sandbox, index: int, directory: Path) -> tuple[Path,
         ) from None
 
 
-def _start_sshds(sandbox: Sandbox) -> None:
+def start_sshds(sandbox: Sandbox) -> None:
+    """Every node's sshd, in the node's network namespace and its own UTS and mount namespaces
+    (none on a node-down node; an impostor's claims another node's name), each waited for
+    until it listens on port 22."""
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation dir
-    down_nodes = _faulted(sandbox, "node-down")
-    impostors = _faulted(sandbox, "hostname-impostor")
+    down_nodes = faulted(sandbox, "node-down")
+    impostors = faulted(sandbox, "hostname-impostor")
     hostnames = [node.hostname for node in sandbox.nodes]
     starting = []
     for node in sandbox.nodes:
@@ -94,7 +97,7 @@ def _start_sshds(sandbox: Sandbox) -> None:
         if sandbox.auth == "password":  # the node's own home, at the one home path
             script = f'mount --bind "$7" "$8" && {script}'
         fake_bin = node_dir / FAKE_GPU_DIR / "bin"
-        if _fake_gpus(sandbox, node.index) is not None:
+        if fake_gpus(sandbox, node.index) is not None:
             # Where the node's nvidia-smi would be, found by any PATH: the wrappers over its
             # /usr/bin (read-only, this node's mount namespace only; gone with it at `down`).
             if set(str(fake_bin)) & {":", ","}:
@@ -142,9 +145,9 @@ def _start_sshds(sandbox: Sandbox) -> None:
         time.sleep(0.05)
 
 
-def _throttle_cpus(sandbox: Sandbox) -> None:
+def throttle_cpus(sandbox: Sandbox) -> None:
     """cpu-throttle: the node's sshd, and so all it starts, into a cgroup with a CPU quota."""
-    for index in _faulted(sandbox, "cpu-throttle"):
+    for index in faulted(sandbox, "cpu-throttle"):
         # sshd listens before it writes its PidFile: it may be a moment behind the port.
         deadline = time.monotonic() + _SSHD_START_TIMEOUT_S
         while (pid := sandbox.sshd_pid(index)) is None and time.monotonic() < deadline:
@@ -165,13 +168,13 @@ def _port_open(address: str, port: int) -> bool:
         return False
 
 
-def _start_port_holders(sandbox: Sandbox) -> None:
+def start_port_holders(sandbox: Sandbox) -> None:
     """The 'leftover process from the last run' that holds the master port (seed 000 §5.3),
     and the resolver that never answers (`dns-unreachable`)."""
     holds: list[tuple[int, Callable[..., object], list[int | str]]]
-    holds = [(i, porthold.hold, [sandbox.master_port]) for i in _faulted(sandbox, "port-in-use")]
+    holds = [(i, porthold.hold, [sandbox.master_port]) for i in faulted(sandbox, "port-in-use")]
     holds += [
-        (i, porthold.hold_udp, [SILENT_RESOLVER, 53]) for i in _faulted(sandbox, "dns-unreachable")
+        (i, porthold.hold_udp, [SILENT_RESOLVER, 53]) for i in faulted(sandbox, "dns-unreachable")
     ]
     for index, function, args in holds:
         argv = sandbox.exec_argv(index, node_programs.argv("python3", function))

@@ -10,7 +10,7 @@ runs on the nodes is started (`sandbox/daemons.py`).
     True
 
 A fault that changes what a node is made with is applied here by name: `node.index in
-_faulted(sandbox, "NAME")` while the node is made, `_apply_network_faults` for iptables, tc and
+faulted(sandbox, "NAME")` while the node is made, `_apply_network_faults` for iptables, tc and
 links. The state file is written first, so that `down` finds even a half-built sandbox.
 """
 
@@ -24,11 +24,11 @@ from pathlib import Path
 from trainfleet.sandbox import fakegpu, hostile, netns, texts, users
 from trainfleet.sandbox.daemons import (
     FAKE_GPU_DIR,
-    _fake_gpus,
-    _faulted,
-    _start_port_holders,
-    _start_sshds,
-    _throttle_cpus,
+    fake_gpus,
+    faulted,
+    start_port_holders,
+    start_sshds,
+    throttle_cpus,
 )
 from trainfleet.sandbox.faults import (
     BARE_PATH,
@@ -54,7 +54,9 @@ def _write(path: Path, text: str, mode: int = 0o644) -> None:
     path.chmod(mode)
 
 
-def _build(sandbox: Sandbox) -> None:
+def build_nodes(sandbox: Sandbox) -> None:
+    """Lay `sandbox` out (its state first, so that `down` finds even a half-built one), then
+    each node: its namespaces and addresses, keys, ssh files, faults, and what runs on it."""
     state = sandbox.state_dir
     state.mkdir(parents=True, exist_ok=True)
     # The password sandbox's user must reach its home and the ssh config under it.
@@ -79,20 +81,20 @@ def _build(sandbox: Sandbox) -> None:
         node_dir = state / "nodes" / node.hostname
         node_dir.mkdir(parents=True, exist_ok=True)
         host_key = "ssh_host_ed25519_key"
-        if node.index in _faulted(sandbox, "ssh-hostkey-type-changed"):
+        if node.index in faulted(sandbox, "ssh-hostkey-type-changed"):
             host_key = "ssh_host_ecdsa_key"
             host_keys[node.index] = _keygen(node_dir / host_key, "ecdsa")
         else:
             host_keys[node.index] = _keygen(node_dir / host_key)
         login_dir = users.make_node_home(node_dir, user) if user else node_dir / "login"
-        gpus = _fake_gpus(sandbox, node.index)
+        gpus = fake_gpus(sandbox, node.index)
         if gpus is not None:
             fakegpu.write_wrappers(node_dir / FAKE_GPU_DIR, gpus)
-        if node.index in _faulted(sandbox, "planted-modules"):
+        if node.index in faulted(sandbox, "planted-modules"):
             login_dir.mkdir(mode=0o700, exist_ok=True)
             hostile.plant_modules(login_dir, node_dir)
         netns.run(["ip", "netns", "add", ns])
-        if node.index in _faulted(sandbox, "decoy-iface"):
+        if node.index in faulted(sandbox, "decoy-iface"):
             _add_decoys(ns)  # first, so they come before the data interface, as on real hosts
         # The peer is created straight inside the namespace: every node may call it eth0.
         netns.run(
@@ -115,26 +117,26 @@ def _build(sandbox: Sandbox) -> None:
         netns.run(["ip", "-n", ns, "link", "set", "lo", "up"])
         netns.run(["ip", "-n", ns, "link", "set", node.ifname, "up"])
         own_name = "address"
-        if node.index in _faulted(sandbox, "hostname-loopback"):
+        if node.index in faulted(sandbox, "hostname-loopback"):
             own_name = "loopback"
-        elif node.index in _faulted(sandbox, "hostname-unresolvable"):
+        elif node.index in faulted(sandbox, "hostname-unresolvable"):
             own_name = "absent"
-        silent = node.index in _faulted(sandbox, "dns-unreachable")
-        mapped = node.index not in _faulted(sandbox, "client-name-unresolvable") and not silent
+        silent = node.index in faulted(sandbox, "dns-unreachable")
+        mapped = node.index not in faulted(sandbox, "client-name-unresolvable") and not silent
         hosts = texts.etc_hosts_text(sandbox.nodes, node, own_name=own_name, mapped=mapped)
         _write(Path("/etc/netns") / ns / "hosts", hosts)
         if silent:  # glibc's defaults: 5 s per try, 2 tries
             _write(Path("/etc/netns") / ns / "resolv.conf", f"nameserver {SILENT_RESOLVER}\n")
-        bare_env = node.index in _faulted(sandbox, "remote-env-differs")
+        bare_env = node.index in faulted(sandbox, "remote-env-differs")
         shell = "/bin/sh" if bare_env else sandbox.login_shell
-        if node.index in _faulted(sandbox, "slow-login"):
+        if node.index in faulted(sandbox, "slow-login"):
             shell = _slow_shell(node_dir, shell or _root_shell())
         # root's sessions start in its home: on a planted node, the directory planted.
         home = login_dir if user is None and login_dir.exists() else None
         if shell or home:
             _write(Path("/etc/netns") / ns / "passwd", _passwd_for_root(shell, home))
-        trust = node.index not in _faulted(sandbox, "ssh-auth-failed")
-        broken = node.index in _faulted(sandbox, "torch-import-error")
+        trust = node.index not in faulted(sandbox, "ssh-auth-failed")
+        broken = node.index in faulted(sandbox, "torch-import-error")
         sshd_config = texts.sshd_config_text(
             node,
             state,
@@ -151,9 +153,9 @@ def _build(sandbox: Sandbox) -> None:
 
     _write_client_files(sandbox, host_keys)
     _apply_network_faults(sandbox)
-    _start_sshds(sandbox)
-    _throttle_cpus(sandbox)
-    _start_port_holders(sandbox)
+    start_sshds(sandbox)
+    throttle_cpus(sandbox)
+    start_port_holders(sandbox)
 
 
 def _root_shell() -> str:
@@ -187,10 +189,10 @@ def _write_client_files(sandbox: Sandbox, host_keys: dict[int, str]) -> None:
     state = sandbox.state_dir
     known = []
     for node in sandbox.nodes:
-        if node.index in _faulted(sandbox, "ssh-hostkey-unknown"):
+        if node.index in faulted(sandbox, "ssh-hostkey-unknown"):
             continue
         key = host_keys[node.index]
-        if node.index in _faulted(sandbox, "ssh-hostkey-changed") | _faulted(
+        if node.index in faulted(sandbox, "ssh-hostkey-changed") | faulted(
             sandbox, "ssh-hostkey-type-changed"
         ):
             key = _keygen(state / "nodes" / node.hostname / "previous_host_key")
@@ -198,7 +200,7 @@ def _write_client_files(sandbox: Sandbox, host_keys: dict[int, str]) -> None:
     _write(state / "hostfile", texts.hostfile_text(sandbox.nodes, sandbox.slots))
     if sandbox.auth == "password":
         # Nothing is known on fresh servers; a changed key is one trusted before a reinstall.
-        was_known = _faulted(sandbox, "ssh-hostkey-changed") | _faulted(
+        was_known = faulted(sandbox, "ssh-hostkey-changed") | faulted(
             sandbox, "ssh-hostkey-type-changed"
         )
         changed = [(n, k) for n, k in known if n.index in was_known]
