@@ -5,9 +5,9 @@
     >>> result = setup_ssh(load_cluster(cluster_file="cluster.yaml"),  # doctest: +SKIP
     ...                    confirm=lambda text: True, password=lambda nodes: "secret")
 
-One module or package per step, named as the step is (`steps.STEPS` is their order): `trust`
-(`setup ssh`), `hostfile`, `env`, `pyenv`, `firewall`, `etchosts` (`setup hosts`) and `sync`; a
-step with several parts is a package whose `step` module runs it (`apply` for the firewall).
+One module or package per step (`steps.STEPS` is their order): `trust` (`setup ssh`),
+`hostfile`, `env`, `pyenv`, `firewall`, `etchosts` (`setup hosts`) and `sync`; a step with
+several parts is a package whose `step` module runs it (`apply` for the firewall).
 Shared by every step: `steps` (the table), `every` (all of them in order), `verify` (the doctor
 checks that end every step), `clusteryaml` (the cluster.yaml a step edits) and `result` (what
 changed, rendered and as JSON). `trainfleet.clusterfile` edits cluster.yaml, for `doctor --fix`
