@@ -11,7 +11,8 @@ several parts is a package whose `step` module runs it (`apply` for the firewall
 Shared by every step: `steps` (the table), `every` (all of them in order), `verify` (the doctor
 checks that end every step), `clusteryaml` (the cluster.yaml a step edits) and `result` (what
 changed, rendered and as JSON). `trainfleet.clusterfile` edits cluster.yaml, for `doctor --fix`
-too. Every step computes what
-to change from facts, changes only that, and ends with the doctor checks that match it;
-`dry_run` prints the changes only.
+too.
+
+Every step computes what to change from facts, changes only that, and ends with the doctor
+checks that match it; `dry_run` prints the changes only.
 """
