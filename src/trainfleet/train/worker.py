@@ -341,11 +341,11 @@ def main(encoded: str) -> int:
     saved = bool(config.save_steps) and step % config.save_steps == 0  # by the trainer
     if (config.save_steps or preemption.agreed) and not saved:
         trainer._save_checkpoint(trainer.model, None)  # the last step, complete like the rest
-    if preemption.agreed and rank == 0:  # the export waits for the run's end
+    if preemption.agreed and rank == 0:
         print(f"stopped after step {step} of {config.max_steps} on SIG{preemption.signal}:"
               " checkpoint saved, the requeued job resumes from it", flush=True)  # fmt: skip
 
-    if config.export and not preemption.agreed:
+    if config.export and not preemption.agreed:  # a preempted run exports at its real end
         final, adapter = output / "final", output / "adapter"
 
         def written() -> int:
