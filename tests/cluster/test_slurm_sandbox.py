@@ -369,7 +369,7 @@ def test_a_requeue_job_checkpoints_on_the_time_limit_signal_and_resumes_after_a_
     assert follower.returncode == 0, out
     assert f"job {job}: PENDING (BeginTime: may start at " in out, out
     assert "got SIGUSR1: passed on to the ranks on gpu-node-1, gpu-node-2" in out, out
-    assert f"requeued Slurm job {job}" in out, out
+    assert f"requeuing Slurm job {job}" in out, out
     assert f"rank 1 resumed at step {resumed_at} (restart 1)" in out, out
     again = re.search(r"rank 1 resumed at step (\d+) \(restart 2\)", out)
     assert again and int(again[1]) >= resumed_at, out
@@ -417,7 +417,7 @@ def test_train_under_requeue_saves_on_the_time_limit_signal_and_resumes_from_it(
     assert follower.returncode == 0, out
     stopped = re.search(r"stopped after step (\d+) of 12 on SIGUSR1: checkpoint saved", out)
     assert stopped, out
-    assert f"requeued Slurm job {job}" in out and f"resuming from checkpoint-{stopped[1]}" in out
+    assert f"requeuing Slurm job {job}" in out and f"resuming from checkpoint-{stopped[1]}" in out
     rows = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
     steps = [row["step"] for row in rows if "loss" in row]
     assert steps == list(range(1, 13)), steps  # each step once: none lost, none repeated

@@ -173,7 +173,9 @@ def requeue_if_signalled(job: InJob, signalled: str | None) -> bool:
 
     if job.job_id is None or job.preempt_signal is None or signalled != job.preempt_signal:
         return False
-    batch_job.requeue(job.job_id)
-    print(f"trainfleet: requeued Slurm job {job.job_id}: its next start resumes from the"
+    # Said first: the requeue ends this batch script (Slurm cancels the job to queue it
+    # again), often before a line printed after `scontrol` returns reaches the output file.
+    print(f"trainfleet: requeuing Slurm job {job.job_id}: its next start resumes from the"
           " checkpoint just saved", file=sys.stderr, flush=True)  # fmt: skip
+    batch_job.requeue(job.job_id)
     return True
