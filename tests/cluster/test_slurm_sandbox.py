@@ -47,6 +47,19 @@ def _slurm(box, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
     )
 
 
+def _queue_once_completed(box, within_s: float = 30) -> str:
+    """squeue's jobs ("ID STATE NODES" lines) once none is COMPLETING. After salloc or a batch
+    script returns, a job stays CG while the slurmds end what is left of it and run its epilog
+    (seen here once, right after salloc returned); a job in any other state is returned at once."""
+    deadline = time.monotonic() + within_s
+    while True:
+        out = _slurm(box, "squeue", "-h", "-o", "%i %t %N").stdout
+        states = {line.split()[1] for line in out.splitlines()}
+        if states != {"CG"} or time.monotonic() > deadline:
+            return out
+        time.sleep(0.5)
+
+
 def _daemons_of(box) -> list[str]:
     """Live (not zombie) munged/slurmctld/slurmd processes started for this sandbox."""
     found = []
@@ -88,7 +101,7 @@ def test_a_batch_job_runs_and_the_queue_empties_and_down_leaves_nothing(make_san
     deadline = time.monotonic() + 60
     while _slurm(box, "squeue", "-h", "-j", job).stdout.strip() and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert _slurm(box, "squeue", "-h").stdout == ""
+    assert _queue_once_completed(box) == ""
     assert sorted(out.read_text().split()) == ["gpu-node-1", "gpu-node-2"]
     assert files_of(box.state_dir).munge_key.stat().st_mode & 0o777 == 0o400
     assert _daemons_of(box), "munged, slurmctld and the slurmds run while it is up"
@@ -131,7 +144,7 @@ def test_launch_inside_an_allocation_reaches_the_nodes_through_srun_with_sshd_st
     assert code == 0, out
     for rank, host in ((0, "gpu-node-1"), (1, "gpu-node-2")):
         assert f"[{host}:{rank}] rank {rank} of 2 on {host} sum 2 job " in out, out
-    assert _slurm(box, "squeue", "-h").stdout == ""
+    assert _queue_once_completed(box) == ""
 
     # DeepSpeed's runner needs ssh (pdsh): refused before anything starts, saying which node
     # and which backend needs none.
@@ -144,7 +157,7 @@ def test_launch_inside_an_allocation_reaches_the_nodes_through_srun_with_sshd_st
         and "use --backend slurm" in out
     ), out
     assert "sum 2" not in out, out
-    assert _slurm(box, "squeue", "-h").stdout == ""
+    assert _queue_once_completed(box) == ""
 
 
 def test_a_crashing_rank_in_an_allocation_is_named_and_the_job_ends(make_sandbox, tmp_path):
@@ -152,7 +165,7 @@ def test_a_crashing_rank_in_an_allocation_is_named_and_the_job_ends(make_sandbox
     code, out = _salloc_launch(box, tmp_path, env={"PLANT_CRASH": "1"})
     assert code != 0, out
     assert "root cause: gpu-node-2 rank 1" in out and "planted crash on rank 1" in out, out
-    assert _slurm(box, "squeue", "-h").stdout == ""
+    assert _queue_once_completed(box) == ""
 
 
 def test_doctor_and_a_batch_script_use_the_allocation_too(make_sandbox, tmp_path):
@@ -192,7 +205,7 @@ def test_a_hung_rank_in_an_allocation_is_found_with_every_stack(make_sandbox, tm
     assert "rank-hung: no rank advanced past step 19" in out, out
     stacks = sorted(p.name for p in (run_dir / "stacks").iterdir())
     assert stacks == ["gpu-node-1.rank0.txt", "gpu-node-2.rank1.txt"], out
-    assert _slurm(box, "squeue", "-h").stdout == ""
+    assert _queue_once_completed(box) == ""
 
 
 def _from_login_node(box, tmp_path, *args: str, env: dict | None = None, command="launch"):
@@ -243,7 +256,7 @@ def test_launch_from_a_login_node_submits_a_job_streams_its_ranks_and_ends_with_
     assert follower.returncode == 1, out
     assert "root cause: gpu-node-2 rank 1" in out and "planted crash on rank 1" in out, out
     assert re.search(r"job \d+: FAILED", out), out
-    assert _slurm(box, "squeue", "-h").stdout == ""
+    assert _queue_once_completed(box) == ""
     assert _left_of(script) == []
 
 
@@ -271,7 +284,7 @@ def test_ctrl_c_on_the_login_node_stops_every_rank_and_the_job(make_sandbox, tmp
     out = "".join(seen) + out
     assert follower.returncode == 130, out
     assert "Ctrl-C: stopping job" in out and "every rank on every node stopped" in out, out
-    assert _slurm(box, "squeue", "-h").stdout == ""
+    assert _queue_once_completed(box) == ""
     assert _left_of(script) == []
 
 
@@ -296,7 +309,7 @@ def test_train_with_zero3_is_submitted_from_a_login_node(make_sandbox, tmp_path,
     assert steps[-1] == 2, steps
     assert (output / "final" / "config.json").exists()
     assert list((output / "slurm").glob("*/job.sbatch")), "the script stays beside the output"
-    assert _slurm(box, "squeue", "-h").stdout == ""
+    assert _queue_once_completed(box) == ""
 
 
 def _job_of(follower, seen: list[str], *, until: str, count: int = 1) -> str:
@@ -384,7 +397,7 @@ def test_a_requeue_job_checkpoints_on_the_time_limit_signal_and_resumes_after_a_
         (1, f"Slurm started job {job} again"), (2, f"Slurm started job {job} again")
     ]  # fmt: skip
     assert (tmp_path / "rq.requeue-2" / "logs" / "gpu-node-2.rank1.log").exists()
-    assert _slurm(box, "squeue", "-h").stdout == ""
+    assert _queue_once_completed(box) == ""
     assert _left_of(script) == []
 
 
@@ -421,7 +434,7 @@ def test_train_under_requeue_saves_on_the_time_limit_signal_and_resumes_from_it(
     rows = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
     steps = [row["step"] for row in rows if "loss" in row]
     assert steps == list(range(1, 13)), steps  # each step once: none lost, none repeated
-    assert _slurm(box, "squeue", "-h").stdout == ""
+    assert _queue_once_completed(box) == ""
 
 
 def test_doctor_names_slurm_s_own_failures_inside_a_job(make_sandbox, tmp_path):

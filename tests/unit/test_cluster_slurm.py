@@ -9,6 +9,8 @@ from trainfleet.cluster import load_cluster
 from trainfleet.cluster.model import SlurmStep
 from trainfleet.cluster.slurm import allocation
 from trainfleet.errors import TrainfleetError
+from trainfleet.launch.environment import node_env, user_env
+from trainfleet.launch.options import LaunchFacts
 from trainfleet.nodeset import expand_names, fold_names
 from trainfleet.remote.argv import node_argv
 
@@ -81,3 +83,22 @@ def test_the_allocation_is_the_default_cluster_and_its_nodes_are_steps_of_its_jo
     assert load_cluster(hosts="a,b", slurm=slurm).nodes[0].slurm is None
     # -e works on an allocation as on a hostfile.
     assert [n.host for n in load_cluster(slurm=slurm, exclude="gpu-node-1").nodes] == ["gpu-node-2"]
+
+
+def test_on_a_shared_node_each_step_keeps_the_gpus_slurm_gave_it(tmp_path):
+    """Slurm gave this job GPUs 4 and 5 of the first node (SLURM_JOB_GPUS, and the batch step's
+    CUDA_VISIBLE_DEVICES), maybe others on the second. Each node's step gets its own
+    CUDA_VISIBLE_DEVICES from Slurm; a rank's LOCAL_RANK 0..N-1 counts within it. So the slots
+    are 0..N-1 and trainfleet neither sets CUDA_VISIBLE_DEVICES nor carries the launch shell's
+    to other nodes (DeepSpeed's runner read it as slot numbers: "No slot '4' specified",
+    deepspeedai/DeepSpeed#7155)."""
+    shell = {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "gpu-node-[1-2]",
+             "SLURM_JOB_GPUS": "4,5", "CUDA_VISIBLE_DEVICES": "4,5", "PATH": "/usr/bin",
+             "HOME": str(tmp_path)}  # fmt: skip
+    cluster = load_cluster(slurm=allocation(shell), visible_devices=shell["CUDA_VISIBLE_DEVICES"])
+    assert [(n.slots, n.gpu_ids) for n in cluster.nodes] == [(2, (0, 1)), (2, (0, 1))]
+    user = user_env(shell, str(tmp_path))
+    for node in cluster.nodes:
+        env, _ = node_env(cluster, node.host, LaunchFacts(gpus=2), user)
+        assert "CUDA_VISIBLE_DEVICES" not in env.values, env.values
+        assert env.values["PATH"] == "/usr/bin"
