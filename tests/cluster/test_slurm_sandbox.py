@@ -134,10 +134,23 @@ def _salloc_launch(box, tmp_path, *args: str, env: dict | None = None):
     return done.returncode, done.stdout + done.stderr
 
 
-def test_launch_inside_an_allocation_reaches_the_nodes_through_srun_with_sshd_stopped(
+def test_inside_an_allocation_the_slurm_backend_needs_no_ssh_and_deepspeed_s_runner_does(
     make_sandbox, tmp_path
 ):
+    """Where ssh to the job's nodes gets through (pam_slurm_adopt lets it in), DeepSpeed's
+    runner works as on an ssh fleet, and trainfleet says what its ranks miss there. Then the
+    nodes' sshd stopped, as Slurm clusters block ssh: the Slurm backend (the default) needs
+    none, and DeepSpeed's runner is refused before anything starts."""
     box = make_sandbox(nodes=2, slurm=True)
+    code, out = _salloc_launch(box, tmp_path, "--backend", "deepspeed", "--ssh-config",
+                               str(box.ssh_config))  # fmt: skip
+    assert code == 0, out
+    for rank, host in ((0, "gpu-node-1"), (1, "gpu-node-2")):
+        # Started over ssh, not as a step: no SLURM_JOB_ID in the rank's environment.
+        assert f"[{host}:{rank}] rank {rank} of 2 on {host} sum 2 job None" in out, out
+    assert "DeepSpeed's runner starts the ranks over ssh (pdsh), not as steps of the job" in out
+    assert _queue_once_completed(box) == ""
+
     for node in box.nodes:  # Slurm clusters block ssh to compute nodes: none is used
         os.kill(box.sshd_pid(node.index), signal.SIGKILL)
     code, out = _salloc_launch(box, tmp_path)

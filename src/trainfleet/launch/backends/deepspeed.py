@@ -160,6 +160,7 @@ def plan_deepspeed(
             "the hostfile, or use the ssh backend (the default), which takes IPv6 addresses",
         )
     port, notes = master_port(cluster, facts, options)
+    notes += outside_the_job_steps(cluster)
     unset = sorted(
         k for k, v in launch_env.items() if k.startswith(RUNNER_EXPORTS) and holds_secret(k, v)
     )
@@ -353,6 +354,26 @@ def ssh_reaches_job_nodes(cluster: Cluster) -> None:
             "use --backend slurm (the default inside a job: torchrun on every node as a step"
             " of the job, DeepSpeed's ZeRO unchanged), or ask for ssh to the job's nodes",
         )
+
+
+def outside_the_job_steps(cluster: Cluster) -> list[str]:
+    """Inside a Slurm job (where ssh to its nodes gets through), what the runner's ranks miss.
+
+    >>> from trainfleet.cluster import Node
+    >>> from trainfleet.cluster.model import SlurmStep
+    >>> n1 = Node(host="n1", slots=1, gpu_ids=(0,), python="python3", slurm=SlurmStep(job="42"))
+    >>> outside_the_job_steps(Cluster(nodes=(n1,), master="n1"))[0].split(",")[0]
+    'inside Slurm job 42'
+    """
+    jobs = sorted({node.slurm.job for node in cluster.nodes if node.slurm})
+    if not jobs:
+        return []
+    return [
+        f"inside Slurm job {jobs[0]}, DeepSpeed's runner starts the ranks over ssh (pdsh), not"
+        " as steps of the job: they get no SLURM_* variables, and Slurm keeps them to the"
+        " job's CPUs and GPUs only where the nodes adopt ssh sessions into the job"
+        " (pam_slurm_adopt); --backend slurm starts them as steps"
+    ]
 
 
 class DeepSpeedBackend:
