@@ -29,9 +29,15 @@ from pathlib import Path
 
 from xdist.scheduler import LoadScopeScheduling
 
-DEEPSPEED_RUNNER_FILES = ("test_launch.py", "test_migration.py", "test_third_party.py")
-"""The files whose tests run DeepSpeed's runner (`--backend deepspeed`, `deepspeed --hostfile`)
-and fail some of its jobs on purpose."""
+DEEPSPEED_RUNNER_FILES = (
+    "test_launch.py",
+    "test_migration.py",
+    "test_slurm_sandbox.py",
+    "test_third_party.py",
+)
+"""The files whose tests run DeepSpeed's runner (`--backend deepspeed`, `deepspeed --hostfile`):
+some fail its jobs on purpose, and the runner's cleanup of a failed job ends every DeepSpeed
+launcher on the machine, those of a file that only runs a job to its end included."""
 
 DURATIONS = Path(__file__).parent / "cluster" / "durations.json"
 """file name -> seconds its tests took in the last recorded cluster tier (`--record-durations`),
