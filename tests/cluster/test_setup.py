@@ -469,6 +469,9 @@ def test_setup_with_no_step_takes_bare_servers_to_a_first_training_step_and_agai
     spec = yaml.safe_load(box.cluster_file.read_text())
     cluster_file.write_text(yaml.safe_dump({**spec, "python": "/usr/bin/python3"}))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # the packed wheels
+    # setup gives the nodes' op builds the launch shell's TORCH_EXTENSIONS_DIR, as a launch
+    # gives it to the ranks: a developer's own (root's, on this machine) is no bare server's.
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
     argv = ["setup", "-c", str(cluster_file), "--venv", str(venv), "--code", str(project),
             "--slots", "1", "--yes"]  # fmt: skip
     password = box.password_file.read_text()

@@ -232,6 +232,18 @@ def _from_login_node(box, tmp_path, *args: str, env: dict | None = None, command
     )  # fmt: skip
 
 
+def _rest_of(box, follower: subprocess.Popen, *, timeout: float) -> str:
+    """The follower's output to its end. One still running after `timeout` is killed, and the
+    test fails with what it printed and what slurmctld says of the jobs (a hang shows where)."""
+    try:
+        return follower.communicate(timeout=timeout)[0]
+    except subprocess.TimeoutExpired:
+        follower.kill()
+        out = follower.communicate()[0]
+        jobs = _slurm(box, "scontrol", "show", "job", "-o").stdout
+        pytest.fail(f"the follower did not end within {timeout:g} s:\n{out}\njobs:\n{jobs}")
+
+
 def _left_of(script: Path) -> list[str]:
     """Processes still running `script`, on this machine or on a sandbox node (they share
     this machine's process table)."""
@@ -251,7 +263,7 @@ def test_launch_from_a_login_node_submits_a_job_streams_its_ranks_and_ends_with_
     script = tmp_path / "allreduce.py"
     script.write_text(ALLREDUCE)
     follower = _from_login_node(box, tmp_path, "--run-dir", "ok", "--", str(script))
-    out, _ = follower.communicate(timeout=240)
+    out = _rest_of(box, follower, timeout=240)
     assert follower.returncode == 0, out
     job = re.search(r"submitted batch job (\d+)", out)
     assert job, out
@@ -265,7 +277,7 @@ def test_launch_from_a_login_node_submits_a_job_streams_its_ranks_and_ends_with_
 
     follower = _from_login_node(box, tmp_path, "--run-dir", "crash", "--", str(script),
                                 env={"PLANT_CRASH": "1"})  # fmt: skip
-    out, _ = follower.communicate(timeout=240)
+    out = _rest_of(box, follower, timeout=240)
     assert follower.returncode == 1, out
     assert "root cause: gpu-node-2 rank 1" in out and "planted crash on rank 1" in out, out
     assert re.search(r"job \d+: FAILED", out), out
@@ -293,7 +305,7 @@ def test_ctrl_c_on_the_login_node_stops_every_rank_and_the_job(make_sandbox, tmp
         if sum("sleeping" in s for s in seen) == 2:
             break
     follower.send_signal(signal.SIGINT)
-    out, _ = follower.communicate(timeout=150)
+    out = _rest_of(box, follower, timeout=150)
     out = "".join(seen) + out
     assert follower.returncode == 130, out
     assert "Ctrl-C: stopping job" in out and "every rank on every node stopped" in out, out
@@ -314,7 +326,7 @@ def test_train_with_zero3_is_submitted_from_a_login_node(make_sandbox, tmp_path,
         "--output", str(output), "--zero", "3", "--max-steps", "2", "--precision", "fp32",
         command="train",
     )  # fmt: skip
-    out, _ = follower.communicate(timeout=420)
+    out = _rest_of(box, follower, timeout=420)
     assert follower.returncode == 0, out
     assert "plan: 2 ranks, ZeRO-3" in out and "all 2 rank(s) on 2 node(s) finished" in out, out
     rows = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
@@ -389,7 +401,7 @@ def test_a_requeue_job_checkpoints_on_the_time_limit_signal_and_resumes_after_a_
     time.sleep(2)  # the second start runs on: preempt it
     preempted = _slurm(box, "scontrol", "requeue", job)
     assert preempted.returncode == 0, preempted.stderr
-    out, _ = follower.communicate(timeout=300)
+    out = _rest_of(box, follower, timeout=300)
     stack.close()
     out = "".join(seen) + out
     assert follower.returncode == 0, out
@@ -437,7 +449,7 @@ def test_train_under_requeue_saves_on_the_time_limit_signal_and_resumes_from_it(
     job = _job_of(follower, seen, until="step 2/12")
     signalled = _slurm(box, "scancel", "--batch", "--signal=USR1", job)
     assert signalled.returncode == 0, signalled.stderr
-    out, _ = follower.communicate(timeout=420)
+    out = _rest_of(box, follower, timeout=420)
     stack.close()
     out = "".join(seen) + out
     assert follower.returncode == 0, out
