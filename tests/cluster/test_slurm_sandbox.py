@@ -238,10 +238,16 @@ def _rest_of(box, follower: subprocess.Popen, *, timeout: float) -> str:
     try:
         return follower.communicate(timeout=timeout)[0]
     except subprocess.TimeoutExpired:
+        status = Path(f"/proc/{follower.pid}/status").read_text().splitlines()
+        state = [line for line in status if line.startswith(("State", "Sig"))]
+        py_spy = Path(sys.executable).parent / "py-spy"
+        stack = subprocess.run([str(py_spy), "dump", "--pid", str(follower.pid)],
+                               capture_output=True, text=True, timeout=60).stdout  # fmt: skip
         follower.kill()
         out = follower.communicate()[0]
         jobs = _slurm(box, "scontrol", "show", "job", "-o").stdout
-        pytest.fail(f"the follower did not end within {timeout:g} s:\n{out}\njobs:\n{jobs}")
+        pytest.fail(f"the follower did not end within {timeout:g} s:\n{out}\njobs:\n{jobs}\n"
+                    f"its /proc status: {state}\nits stack:\n{stack}")  # fmt: skip
 
 
 def _left_of(script: Path) -> list[str]:
