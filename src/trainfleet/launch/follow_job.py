@@ -17,8 +17,11 @@ its starts.
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -207,14 +210,32 @@ def follow(
     `requeue`: the job was submitted requeueable, and its passing through PREEMPTED, NODE_FAIL
     or REQUEUED on its way back to the queue is not its end."""
     watch = _Watch(job, output, out, say, requeue)
-    while True:
-        try:
-            if watch.saw(look_at(job)):
-                break
-            time.sleep(poll_s)
-        except KeyboardInterrupt:
-            if watch.stopping:
-                say(f"stopped waiting: job {job} is being stopped (`squeue -j {job}`)")
-                break
-            watch.stop()
+    with _ctrl_c_raises():
+        while True:
+            try:
+                if watch.saw(look_at(job)):
+                    break
+                time.sleep(poll_s)
+            except KeyboardInterrupt:
+                if watch.stopping:
+                    say(f"stopped waiting: job {job} is being stopped (`squeue -j {job}`)")
+                    break
+                watch.stop()
     return watch.end()
+
+
+@contextlib.contextmanager
+def _ctrl_c_raises() -> Iterator[None]:
+    """SIGINT raises KeyboardInterrupt while following, even in a process that started with
+    it ignored: Python then installs no handler, and a shell script's `cmd &` starts its
+    command so (seen: a test suite run that way, whose follower had SIGINT ignored and slept
+    on through the test's Ctrl-C). A launch inside the job reacts to SIGINT either way: its
+    supervisor installs its own handler."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
