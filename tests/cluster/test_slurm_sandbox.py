@@ -238,7 +238,10 @@ def _rest_of(box, follower: subprocess.Popen, *, timeout: float) -> str:
     try:
         return follower.communicate(timeout=timeout)[0]
     except subprocess.TimeoutExpired:
-        status = Path(f"/proc/{follower.pid}/status").read_text().splitlines()
+        try:
+            status = Path(f"/proc/{follower.pid}/status").read_text().splitlines()
+        except OSError:  # it ended just now
+            status = []
         state = [line for line in status if line.startswith(("State", "Sig"))]
         py_spy = Path(sys.executable).parent / "py-spy"
         stack = subprocess.run([str(py_spy), "dump", "--pid", str(follower.pid)],
