@@ -365,11 +365,11 @@ def outside_the_job_steps(cluster: Cluster) -> list[str]:
     >>> outside_the_job_steps(Cluster(nodes=(n1,), master="n1"))[0].split(",")[0]
     'inside Slurm job 42'
     """
-    jobs = sorted({node.slurm.job for node in cluster.nodes if node.slurm})
-    if not jobs:
+    job = next((node.slurm.job for node in cluster.nodes if node.slurm), None)
+    if job is None:
         return []
     return [
-        f"inside Slurm job {jobs[0]}, DeepSpeed's runner starts the ranks over ssh (pdsh), not"
+        f"inside Slurm job {job}, DeepSpeed's runner starts the ranks over ssh (pdsh), not"
         " as steps of the job: they get no SLURM_* variables, and Slurm keeps them to the"
         " job's CPUs and GPUs only where the nodes adopt ssh sessions into the job"
         " (pam_slurm_adopt); --backend slurm starts them as steps"
