@@ -56,7 +56,7 @@ def test_every_backend_the_cli_offers_is_registered_and_has_the_whole_protocol()
     assert offered.default is None and offered.help == (
         "ssh: torchrun on every node over ssh (default); deepspeed: DeepSpeed's own runner"
         " (pdsh), each node still given its own environment; slurm: torchrun on every node of"
-        " the Slurm job, each started as a step of it (srun); from a login node, the command is"
+        " the Slurm job, all started by one step of it (srun); from a login node, the command is"
         " submitted with sbatch and followed here (default inside a Slurm job)"
     )
     assert set(PROTOCOL) == {

@@ -323,6 +323,7 @@ def test_a_launcher_that_ends_0_with_no_rank_ever_started_is_no_success(tmp_path
 
     class Channel:
         payload = None  # DeepSpeed's runner gets no keepalive lines
+        demux = None
 
     options = LaunchOptions(command=("-c", "pass"), run_id=new_run_id())
     plan, _ = prepare(load_cluster(), options, run_dir=tmp_path)

@@ -26,7 +26,7 @@ ENTRIES: dict[FindingId, Entry] = {
         "task starts the whole job, N x N ranks, `address already in use` on the master port",
         detect="SLURM_STEP_ID and SLURM_STEP_NUM_TASKS > 1 in trainfleet's own environment",
         fix="run trainfleet once per job, in the batch script or salloc's shell without srun: "
-        "it starts one step per node itself",
+        "it starts one task per node itself",
         sandbox=Sandbox(setup="`srun --ntasks-per-node=2 trainfleet doctor`", tests=_TESTS),
     ),
     FindingId.SLURM_EXPORT_NONE: Entry(

@@ -60,10 +60,11 @@ class StopBy(enum.Enum):
 
 @dataclass(kw_only=True, slots=True, frozen=True)
 class Channel:
-    """One local process of a run: an ssh to a node's bootstrap, or DeepSpeed's runner."""
+    """One local process of a run: an ssh to a node's bootstrap, a Slurm step of every node's
+    bootstrap, or DeepSpeed's runner."""
 
     name: str
-    """The node (ssh backend), or the backend's name."""
+    """The node (ssh backend), or what runs the nodes (DeepSpeed's runner, a Slurm step)."""
     argv: list[str]
     payload: bytes | None = None
     """First bytes on stdin (None: no stdin, unless it is the lifeline)."""
@@ -71,6 +72,9 @@ class Channel:
     demux: Callable[[str], ChannelLine] | None = None
     """Reads the node (and a node's end) out of a line, for a channel that carries several
     nodes' output; None: every line is the channel's own node's."""
+    nodes: tuple[str, ...] = ()
+    """The nodes it runs, where they are several and their bootstraps read its stdin (one
+    Slurm step for them all); empty: its name is its node, if any."""
     cwd: str | None = None
     env: dict[str, str] | None = None
     """The whole environment of the local process (None: this one's). Bootstraps get the

@@ -14,9 +14,9 @@ whose script runs it inside the allocation, then followed from here until the jo
     #SBATCH --partition=gpu
     #SBATCH --time=02:00:00
     # Slurm runs this on the job's first node, with the environment of the shell that
-    # submitted it (sbatch's --export=ALL). trainfleet then starts each node's torchrun as a
-    # step of this job (srun, one task per node, the job's CPUs) and merges every rank's output
-    # into this job's output file.
+    # submitted it (sbatch's --export=ALL). trainfleet then starts every node's torchrun in
+    # one step of this job (srun, one task per node, the job's CPUs) and merges every rank's
+    # output into this job's output file.
     cd /home/me || exit 1
     exec python3 -m trainfleet launch -- t.py
     <BLANKLINE>
@@ -115,10 +115,9 @@ def batch_script(
         f"# Written by `{written_by}`; submit it again with `sbatch FILE`.",
         *request.directives(output),
         "# Slurm runs this on the job's first node, with the environment of the shell that",
-        "# submitted it (sbatch's --export=ALL). trainfleet then starts each node's torchrun as a",
-        "# step of this job (srun, one task per node, the job's CPUs) and merges every rank's"
-        " output",
-        "# into this job's output file.",
+        "# submitted it (sbatch's --export=ALL). trainfleet then starts every node's torchrun in",
+        "# one step of this job (srun, one task per node, the job's CPUs) and merges every rank's",
+        "# output into this job's output file.",
         f"cd {shlex.quote(cwd)} || exit 1",
         f"exec {shlex.join(argv)}",
     ]

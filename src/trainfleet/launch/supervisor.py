@@ -44,6 +44,8 @@ from trainfleet.untrusted import printable
 CUT_OFF_AFTER_S = 5
 """After a node's grace period: how long before its ssh is killed."""
 STATUS_EVERY_S = 1.0
+PUMP_DRAIN_S = 2.0
+"""How long, once a channel of several nodes has ended, its last lines may take to be read."""
 
 
 class _Run:
@@ -60,6 +62,7 @@ class _Run:
         self.procs: dict[str, asyncio.subprocess.Process] = {}
         self.channels: dict[str, Channel] = {}
         self.pumps: list[asyncio.Task] = []
+        self.pumps_of: dict[str, list[asyncio.Task]] = {}
         self.codes: dict[str, int | None] = {}
         self.state = RunState.STARTING
         self.first_failure: str | None = None
@@ -90,7 +93,10 @@ class _Run:
             if channel.payload:
                 assert proc.stdin is not None
                 proc.stdin.write(channel.payload)
-                await proc.stdin.drain()
+                try:
+                    await proc.stdin.drain()
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # it ended before reading it (srun or ssh refused): `watch` says how
             self.procs[channel.name] = proc
             self.channels[channel.name] = channel
             self.codes[channel.name] = None
@@ -98,6 +104,7 @@ class _Run:
                 task = asyncio.ensure_future(pump(stream, channel, name, self.output))
                 task.add_done_callback(functools.partial(self._pump_ended, channel.name, name))
                 self.pumps.append(task)
+                self.pumps_of.setdefault(channel.name, []).append(task)
         self.state = RunState.RUNNING
 
     def _pump_ended(self, node: str, stream: str, task: asyncio.Task) -> None:
@@ -127,15 +134,21 @@ class _Run:
                 self.state = RunState.INTERRUPTED
                 self.output.note("interrupted: stopping every rank on every node")
                 break
-            for task in [t for t in done if t in waits]:
-                name = waits.pop(task)
-                self.codes[name] = task.result()
-                if task.result() != 0 and self.state is RunState.RUNNING:
-                    self._failed(name, task.result())
-            # pdsh (deepspeed backend) says when one node's command has ended, and how.
+            ended = {waits.pop(t): t.result() for t in done if t in waits}
+            for name, code in ended.items():
+                self.codes[name] = code
+                pumps = self.pumps_of.get(name)
+                if self.channels[name].demux is not None and pumps:
+                    # Its last lines may say which of its nodes ended first, and how.
+                    await asyncio.wait(pumps, timeout=PUMP_DRAIN_S)
+            # pdsh (deepspeed backend) and srun (slurm) say when one node's command has ended,
+            # and how: that node failed, rather than the channel that carried its output.
             node_failure = next(((n, c) for n, c in self.facts.node_exits if c != 0), None)
             if node_failure and self.state is RunState.RUNNING:
                 self._failed(*node_failure)
+            for name, code in ended.items():
+                if code != 0 and self.state is RunState.RUNNING:
+                    self._failed(name, code)
             if self.state is RunState.FAILED:
                 break
             if waits and self._stalled():
@@ -178,7 +191,11 @@ class _Run:
         """A signal to this process goes to every rank on every node (their bootstraps)."""
         name = sig.name.removeprefix("SIG")
         self.signalled = name
-        reached = [n for n, p in self.procs.items() if self.channels[n].pass_signal(p, name)]
+        reached = [
+            node
+            for n, p in self.procs.items() if self.channels[n].pass_signal(p, name)
+            for node in self.channels[n].nodes or (n,)
+        ]  # fmt: skip
         self.output.note(f"got SIG{name}: passed on to the ranks on {', '.join(reached) or 'none'}")
 
     def _keepalive(self) -> None:
@@ -256,8 +273,10 @@ class _Run:
         took = time.monotonic() - stop_started
         # A node whose connection was lost or cut here never confirmed that its job ended.
         lost = [
-            n for n, code in self.codes.items()
+            node
+            for n, code in self.codes.items()
             if self.channels[n].lifeline and code is not None and (code == SSH_DROPPED or code < 0)
+            for node in self.channels[n].nodes or (n,)
         ]  # fmt: skip
         if lost and self.state is not RunState.DONE:
             self.output.note(

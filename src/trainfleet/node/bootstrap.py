@@ -22,6 +22,10 @@ sends trainfleet before a job's time limit (`--requeue`) reaches the ranks on ev
 The job is a BootstrapJob. It has no answer: the command's output streams through, with the
 marks the launcher reads while it runs (`@@trainfleet:RUN_ID:pid:N` here, the shim's), and its
 exit code is the node's.
+
+Inside a Slurm allocation one step of the job runs the bootstrap on every node at once
+(`step`): srun gives every task the same stdin, so each task reads every node's job and runs
+the one of its task number, on the node it was planned for.
 """
 
 import ctypes
@@ -137,6 +141,27 @@ def stop_everything(child_pid: int, status: Dict[str, Optional[int]], grace: flo
             return
         signal_all(left, signal.SIGKILL)
         time.sleep(0.05)
+
+
+def step(hosts: List[str], shim: str, jobs: List[BootstrapJob]) -> int:
+    """One task of a Slurm step that starts every node's job at once: task N (SLURM_PROCID)
+    runs jobs[N], planned for hosts[N]. Slurm numbers a step's tasks in its nodes' order,
+    which is the job's (`SLURM_JOB_NODELIST`); a task on another node than planned refuses to
+    start, since the launcher would put its output under the wrong node. The shim's source
+    travels once for all."""
+    task = int(os.environ.get("SLURM_PROCID", "-1"))
+    here = os.environ.get("SLURMD_NODENAME", "")
+    planned = hosts[task] if 0 <= task < len(hosts) else None
+    if planned is None or planned != here:
+        sys.stderr.write(
+            "trainfleet: Slurm started task %d of this launch's step on %s, planned for %s"
+            " (the nodes %s, in SLURM_JOB_NODELIST's order): a trainfleet bug, please report"
+            " it\n" % (task, here or "a node it did not name", planned, ",".join(hosts))
+        )
+        return 1
+    job = jobs[task]
+    job["shim"] = shim
+    return main(job)
 
 
 def main(job: BootstrapJob) -> int:

@@ -107,11 +107,23 @@ def srun_argv(step: SlurmStep, host: str, argv: Sequence[str]) -> list[str]:
     srun's own progress lines stay out of the task's output. `--export=ALL`: the task has the
     job's environment even where the job was submitted with --export=NONE (SLURM_EXPORT_ENV).
     srun runs argv itself: no shell, no quoting."""
+    return srun_step_argv(step, [host], argv)
+
+
+def srun_step_argv(
+    step: SlurmStep, hosts: Sequence[str], argv: Sequence[str], *, label: bool = False
+) -> list[str]:
+    """`argv` as one task on each of `hosts`, all one step of the job, with `srun_argv`'s
+    options; every task reads the same stdin. `label`: each line the tasks print comes with
+    its task number (`1: text`), which Slurm gives in the job's node order, whatever order
+    `hosts` is in."""
     cpus = [f"--cpus-per-task={step.cpus}"] if step.cpus else []
+    labelled = ["--label"] if label else []
     return [
-        "srun", f"--jobid={step.job}", "--overlap", "--nodes=1", "--ntasks=1",
-        f"--nodelist={host}", *cpus, "--export=ALL", "--kill-on-bad-exit=1", "--quiet",
-        "--input=all", "--", *argv,
+        "srun", f"--jobid={step.job}", "--overlap", f"--nodes={len(hosts)}",
+        f"--ntasks={len(hosts)}", "--ntasks-per-node=1", f"--nodelist={','.join(hosts)}",
+        *cpus, "--export=ALL", "--kill-on-bad-exit=1", "--quiet", *labelled, "--input=all",
+        "--", *argv,
     ]  # fmt: skip
 
 

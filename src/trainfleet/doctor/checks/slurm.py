@@ -87,7 +87,7 @@ def check_task_layout(survey: Survey) -> list[Finding]:
             f"this trainfleet is task {task} of the {tasks} of step {job}.{step}: each of them"
             f" starts the whole launch, {tasks} x the ranks on one master port",
             "run trainfleet once per job, in the batch script or salloc's shell, without srun:"
-            " it starts one step per node itself",
+            " it starts one task per node itself",
         )
     ]
 

@@ -183,6 +183,19 @@ def render_plan(plan: LaunchPlan) -> str:
     return "\n".join(lines)
 
 
+def bootstrap_job(plan: LaunchPlan, node: NodePlan, shim_source: str) -> bootstrap.BootstrapJob:
+    """What a node's bootstrap runs (`trainfleet.node.bootstrap`)."""
+    return {
+        "run_id": plan.options.run_id,
+        "cwd": node.cwd,
+        "env": node.env,
+        "argv": node.argv,
+        "shim": shim_source,
+        "grace": plan.options.grace,
+        "lifeline": LIFELINE_S,
+    }
+
+
 class SshBackend:
     name = "ssh"
     summary = "torchrun on every node over ssh"
@@ -223,15 +236,7 @@ class SshBackend:
         channels = []
         for node_plan in plan.nodes:
             node = cluster.node(node_plan.host)
-            job: bootstrap.BootstrapJob = {
-                "run_id": plan.options.run_id,
-                "cwd": node_plan.cwd,
-                "env": node_plan.env,
-                "argv": node_plan.argv,
-                "shim": shim_source,
-                "grace": plan.options.grace,
-                "lifeline": LIFELINE_S,
-            }
+            job = bootstrap_job(plan, node_plan, shim_source)
             argv = node_argv(node, node_programs.argv(node.python, bootstrap.main), multiplex=False)
             payload = node_programs.line(bootstrap.main, job)
             channels.append(
