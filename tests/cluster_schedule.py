@@ -32,7 +32,7 @@ from xdist.scheduler import LoadScopeScheduling
 DEEPSPEED_RUNNER_FILES = (
     "test_launch.py",
     "test_migration.py",
-    "test_slurm_sandbox.py",
+    "test_slurm_deepspeed.py",
     "test_third_party.py",
 )
 """The files whose tests run DeepSpeed's runner (`--backend deepspeed`, `deepspeed --hostfile`):

@@ -17,47 +17,13 @@ import time
 from pathlib import Path
 
 import pytest
+import slurm_jobs
+from slurm_jobs import ALLREDUCE, queue_once_completed, run_slurm, salloc_launch
 
 from trainfleet import sandbox
-from trainfleet.errors import SandboxError
-from trainfleet.sandbox.slurm import files_of, require_slurm, slurm_env
+from trainfleet.sandbox.slurm import files_of, slurm_env
 
-
-def _without_slurm() -> str:
-    try:
-        require_slurm()
-    except SandboxError as exc:
-        return str(exc)
-    return ""
-
-
-pytestmark = [
-    pytest.mark.cluster,
-    pytest.mark.skipif(bool(_without_slurm()), reason=_without_slurm() or "Slurm is there"),
-]
-
-
-def _slurm(box, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        list(argv),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **slurm_env(box)},
-    )
-
-
-def _queue_once_completed(box, within_s: float = 30) -> str:
-    """squeue's jobs ("ID STATE NODES" lines) once none is COMPLETING. After salloc or a batch
-    script returns, a job stays CG while the slurmds end what is left of it and run its epilog
-    (seen here once, right after salloc returned); a job in any other state is returned at once."""
-    deadline = time.monotonic() + within_s
-    while True:
-        out = _slurm(box, "squeue", "-h", "-o", "%i %t %N").stdout
-        states = {line.split()[1] for line in out.splitlines()}
-        if states != {"CG"} or time.monotonic() > deadline:
-            return out
-        time.sleep(0.5)
+pytestmark = slurm_jobs.PYTESTMARK
 
 
 def _daemons_of(box) -> list[str]:
@@ -78,14 +44,14 @@ def _daemons_of(box) -> list[str]:
 
 def test_srun_runs_one_task_per_node_with_its_hostname_and_ids(make_sandbox):
     box = make_sandbox(nodes=3, slurm=True)
-    done = _slurm(box, "srun", "-N3", "--ntasks-per-node=1", "sh", "-c",
-                  'echo "$(hostname) $SLURM_PROCID $SLURM_NODEID $SLURM_JOB_NODELIST"')  # fmt: skip
+    said = 'echo "$(hostname) $SLURM_PROCID $SLURM_NODEID $SLURM_JOB_NODELIST"'
+    done = run_slurm(box, "srun", "-N3", "--ntasks-per-node=1", "sh", "-c", said)
     assert done.returncode == 0, done.stderr
     lines = sorted(done.stdout.split("\n")[:-1])
     assert lines == [f"gpu-node-{k} {k - 1} {k - 1} gpu-node-[1-3]" for k in (1, 2, 3)], lines
     # Each task sees its node's own /etc/hosts and network namespace.
-    done = _slurm(box, "srun", "-w", "gpu-node-2", "sh", "-c",
-                  "getent hosts gpu-node-3; ip -4 -o addr show dev eth0")  # fmt: skip
+    done = run_slurm(box, "srun", "-w", "gpu-node-2", "sh", "-c",
+                     "getent hosts gpu-node-3; ip -4 -o addr show dev eth0")  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert box.node(3).address in done.stdout and box.node(2).address in done.stdout
 
@@ -95,13 +61,13 @@ def test_a_batch_job_runs_and_the_queue_empties_and_down_leaves_nothing(make_san
     out = tmp_path / "job.out"
     script = tmp_path / "job.sh"
     script.write_text("#!/bin/sh\nsrun hostname\n")
-    done = _slurm(box, "sbatch", "-N2", "--parsable", f"--output={out}", str(script))
+    done = run_slurm(box, "sbatch", "-N2", "--parsable", f"--output={out}", str(script))
     assert done.returncode == 0, done.stderr
     job = done.stdout.strip().split(";")[0]
     deadline = time.monotonic() + 60
-    while _slurm(box, "squeue", "-h", "-j", job).stdout.strip() and time.monotonic() < deadline:
+    while run_slurm(box, "squeue", "-h", "-j", job).stdout.strip() and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert _queue_once_completed(box) == ""
+    assert queue_once_completed(box) == ""
     assert sorted(out.read_text().split()) == ["gpu-node-1", "gpu-node-2"]
     assert files_of(box.state_dir).munge_key.stat().st_mode & 0o777 == 0o400
     assert _daemons_of(box), "munged, slurmctld and the slurmds run while it is up"
@@ -110,58 +76,24 @@ def test_a_batch_job_runs_and_the_queue_empties_and_down_leaves_nothing(make_san
     assert _daemons_of(box) == [] and not box.state_dir.exists()
 
 
-ALLREDUCE = """\
-import os, socket, torch, torch.distributed as dist
-dist.init_process_group("gloo")
-t = torch.ones(1)
-dist.all_reduce(t)
-print("rank", dist.get_rank(), "of", dist.get_world_size(), "on", socket.gethostname(),
-      "sum", int(t.item()), "job", os.environ.get("SLURM_JOB_ID"), flush=True)
-if os.environ.get("PLANT_CRASH") == str(dist.get_rank()):
-    raise SystemExit("planted crash on rank %d" % dist.get_rank())
-"""
-
-
-def _salloc_launch(box, tmp_path, *args: str, env: dict | None = None):
-    script = tmp_path / "allreduce.py"
-    script.write_text(ALLREDUCE)
-    argv = ["salloc", "-N2", "--quiet", sys.executable, "-m", "trainfleet", "launch",
-            "--run-dir", str(tmp_path / "run"), *args, "--", str(script)]  # fmt: skip
-    done = subprocess.run(
-        argv, capture_output=True, text=True, timeout=240, cwd=tmp_path,
-        env={**os.environ, **slurm_env(box), **(env or {})},
-    )  # fmt: skip
-    return done.returncode, done.stdout + done.stderr
-
-
-def test_inside_an_allocation_the_slurm_backend_needs_no_ssh_and_deepspeed_s_runner_does(
+def test_inside_an_allocation_the_slurm_backend_needs_no_ssh_and_deepspeed_s_runner_is_refused(
     make_sandbox, tmp_path
 ):
-    """Where ssh to the job's nodes gets through (pam_slurm_adopt lets it in), DeepSpeed's
-    runner works as on an ssh fleet, and trainfleet says what its ranks miss there. Then the
-    nodes' sshd stopped, as Slurm clusters block ssh: the Slurm backend (the default) needs
-    none, and DeepSpeed's runner is refused before anything starts."""
+    """The nodes' sshd stopped, as Slurm clusters block ssh: the Slurm backend (the default)
+    needs none, and DeepSpeed's runner is refused before anything starts. (Where ssh gets
+    through, the runner works: test_slurm_deepspeed.py.)"""
     box = make_sandbox(nodes=2, slurm=True)
-    code, out = _salloc_launch(box, tmp_path, "--backend", "deepspeed", "--ssh-config",
-                               str(box.ssh_config))  # fmt: skip
-    assert code == 0, out
-    for rank, host in ((0, "gpu-node-1"), (1, "gpu-node-2")):
-        # Started over ssh, not as a step: no SLURM_JOB_ID in the rank's environment.
-        assert f"[{host}:{rank}] rank {rank} of 2 on {host} sum 2 job None" in out, out
-    assert "DeepSpeed's runner starts the ranks over ssh (pdsh), not as steps of the job" in out
-    assert _queue_once_completed(box) == ""
-
     for node in box.nodes:  # Slurm clusters block ssh to compute nodes: none is used
         os.kill(box.sshd_pid(node.index), signal.SIGKILL)
-    code, out = _salloc_launch(box, tmp_path)
+    code, out = salloc_launch(box, tmp_path)
     assert code == 0, out
     for rank, host in ((0, "gpu-node-1"), (1, "gpu-node-2")):
         assert f"[{host}:{rank}] rank {rank} of 2 on {host} sum 2 job " in out, out
-    assert _queue_once_completed(box) == ""
+    assert queue_once_completed(box) == ""
 
     # DeepSpeed's runner needs ssh (pdsh): refused before anything starts, saying which node
     # and which backend needs none.
-    code, out = _salloc_launch(box, tmp_path, "--backend", "deepspeed")
+    code, out = salloc_launch(box, tmp_path, "--backend", "deepspeed")
     assert code == 1, out
     assert (
         "--backend deepspeed starts ranks with pdsh over ssh, and ssh to gpu-node-1 fails"
@@ -170,23 +102,23 @@ def test_inside_an_allocation_the_slurm_backend_needs_no_ssh_and_deepspeed_s_run
         and "use --backend slurm" in out
     ), out
     assert "sum 2" not in out, out
-    assert _queue_once_completed(box) == ""
+    assert queue_once_completed(box) == ""
 
 
 def test_a_crashing_rank_in_an_allocation_is_named_and_the_job_ends(make_sandbox, tmp_path):
     box = make_sandbox(nodes=2, slurm=True)
-    code, out = _salloc_launch(box, tmp_path, env={"PLANT_CRASH": "1"})
+    code, out = salloc_launch(box, tmp_path, env={"PLANT_CRASH": "1"})
     assert code != 0, out
     assert "root cause: gpu-node-2 rank 1" in out and "planted crash on rank 1" in out, out
-    assert _queue_once_completed(box) == ""
+    assert queue_once_completed(box) == ""
 
 
 def test_doctor_and_a_batch_script_use_the_allocation_too(make_sandbox, tmp_path):
     """Full doctor (probe, stack phase, gloo all_reduce) inside `salloc`; `trainfleet launch`
     as the whole of an sbatch script, which Slurm runs on the job's first node."""
     box = make_sandbox(nodes=2, slurm=True)
-    done = _slurm(box, "salloc", "-N2", "--quiet", sys.executable, "-m", "trainfleet",
-                  "doctor", "--json", timeout=180)  # fmt: skip
+    done = run_slurm(box, "salloc", "-N2", "--quiet", sys.executable, "-m", "trainfleet",
+                     "doctor", "--json", timeout=180)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads(done.stdout)
     assert sorted(report["nodes"]) == ["gpu-node-1", "gpu-node-2"], report
@@ -197,8 +129,8 @@ def test_doctor_and_a_batch_script_use_the_allocation_too(make_sandbox, tmp_path
     job.write_text(f"#!/bin/sh\ncd {tmp_path} && exec {sys.executable} -m trainfleet launch"
                    " --run-dir run -- allreduce.py\n")  # fmt: skip
     out = tmp_path / "job.out"
-    done = _slurm(box, "sbatch", "-N2", "--parsable", "--wait", f"--output={out}", str(job),
-                  timeout=180)  # fmt: skip
+    done = run_slurm(box, "sbatch", "-N2", "--parsable", "--wait", f"--output={out}", str(job),
+                     timeout=180)  # fmt: skip
     assert done.returncode == 0, out.read_text()
     assert "rank 1 of 2 on gpu-node-2 sum 2" in out.read_text()
 
@@ -218,7 +150,7 @@ def test_a_hung_rank_in_an_allocation_is_found_with_every_stack(make_sandbox, tm
     assert "rank-hung: no rank advanced past step 19" in out, out
     stacks = sorted(p.name for p in (run_dir / "stacks").iterdir())
     assert stacks == ["gpu-node-1.rank0.txt", "gpu-node-2.rank1.txt"], out
-    assert _queue_once_completed(box) == ""
+    assert queue_once_completed(box) == ""
 
 
 def _from_login_node(box, tmp_path, *args: str, env: dict | None = None, command="launch"):
@@ -248,7 +180,7 @@ def _rest_of(box, follower: subprocess.Popen, *, timeout: float) -> str:
                                capture_output=True, text=True, timeout=60).stdout  # fmt: skip
         follower.kill()
         out = follower.communicate()[0]
-        jobs = _slurm(box, "scontrol", "show", "job", "-o").stdout
+        jobs = run_slurm(box, "scontrol", "show", "job", "-o").stdout
         pytest.fail(f"the follower did not end within {timeout:g} s:\n{out}\njobs:\n{jobs}\n"
                     f"its /proc status: {state}\nits stack:\n{stack}")  # fmt: skip
 
@@ -290,7 +222,7 @@ def test_launch_from_a_login_node_submits_a_job_streams_its_ranks_and_ends_with_
     assert follower.returncode == 1, out
     assert "root cause: gpu-node-2 rank 1" in out and "planted crash on rank 1" in out, out
     assert re.search(r"job \d+: FAILED", out), out
-    assert _queue_once_completed(box) == ""
+    assert queue_once_completed(box) == ""
     assert _left_of(script) == []
 
 
@@ -318,7 +250,7 @@ def test_ctrl_c_on_the_login_node_stops_every_rank_and_the_job(make_sandbox, tmp
     out = "".join(seen) + out
     assert follower.returncode == 130, out
     assert "Ctrl-C: stopping job" in out and "every rank on every node stopped" in out, out
-    assert _queue_once_completed(box) == ""
+    assert queue_once_completed(box) == ""
     assert _left_of(script) == []
 
 
@@ -343,7 +275,7 @@ def test_train_with_zero3_is_submitted_from_a_login_node(make_sandbox, tmp_path,
     assert steps[-1] == 2, steps
     assert (output / "final" / "config.json").exists()
     assert list((output / "slurm").glob("*/job.sbatch")), "the script stays beside the output"
-    assert _queue_once_completed(box) == ""
+    assert queue_once_completed(box) == ""
 
 
 def _job_of(follower, seen: list[str], *, until: str, count: int = 1) -> str:
@@ -369,12 +301,12 @@ def _requeued_jobs_start_at_once(box):
 
     def release() -> None:
         while not stop.wait(0.5):
-            for line in _slurm(box, "scontrol", "show", "job", "-o").stdout.splitlines():
+            for line in run_slurm(box, "scontrol", "show", "job", "-o").stdout.splitlines():
                 held = re.search(r"JobId=(\d+) .*Reason=BeginTime .*Restarts=(\d+)", line)
                 start = held.groups() if held else None
                 if start and start not in moved:  # once: now+5 moves on
                     moved.add(start)
-                    _slurm(box, "scontrol", "update", f"JobId={start[0]}", "StartTime=now+5")
+                    run_slurm(box, "scontrol", "update", f"JobId={start[0]}", "StartTime=now+5")
 
     thread = threading.Thread(target=release, daemon=True)
     thread.start()
@@ -401,14 +333,14 @@ def test_a_requeue_job_checkpoints_on_the_time_limit_signal_and_resumes_after_a_
                                 str(script), env={"CKPT": str(tmp_path / "ckpt")})  # fmt: skip
     seen: list[str] = []
     job = _job_of(follower, seen, until=" running\n", count=2)
-    signalled = _slurm(box, "scancel", "--batch", "--signal=USR1", job)
+    signalled = run_slurm(box, "scancel", "--batch", "--signal=USR1", job)
     assert signalled.returncode == 0, signalled.stderr
     _job_of(follower, seen, until="(restart 1)", count=2)
     saved = re.search(r"rank 0 saved step (\d+) on SIGUSR1", "".join(seen))
     assert saved, "".join(seen)
     resumed_at = int(saved[1])
     time.sleep(2)  # the second start runs on: preempt it
-    preempted = _slurm(box, "scontrol", "requeue", job)
+    preempted = run_slurm(box, "scontrol", "requeue", job)
     assert preempted.returncode == 0, preempted.stderr
     out = _rest_of(box, follower, timeout=300)
     stack.close()
@@ -431,7 +363,7 @@ def test_a_requeue_job_checkpoints_on_the_time_limit_signal_and_resumes_after_a_
         (1, f"Slurm started job {job} again"), (2, f"Slurm started job {job} again")
     ]  # fmt: skip
     assert (tmp_path / "rq.requeue-2" / "logs" / "gpu-node-2.rank1.log").exists()
-    assert _queue_once_completed(box) == ""
+    assert queue_once_completed(box) == ""
     assert _left_of(script) == []
 
 
@@ -456,7 +388,7 @@ def test_train_under_requeue_saves_on_the_time_limit_signal_and_resumes_from_it(
     )  # fmt: skip
     seen: list[str] = []
     job = _job_of(follower, seen, until="step 2/12")
-    signalled = _slurm(box, "scancel", "--batch", "--signal=USR1", job)
+    signalled = run_slurm(box, "scancel", "--batch", "--signal=USR1", job)
     assert signalled.returncode == 0, signalled.stderr
     out = _rest_of(box, follower, timeout=420)
     stack.close()
@@ -468,7 +400,7 @@ def test_train_under_requeue_saves_on_the_time_limit_signal_and_resumes_from_it(
     rows = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
     steps = [row["step"] for row in rows if "loss" in row]
     assert steps == list(range(1, 13)), steps  # each step once: none lost, none repeated
-    assert _queue_once_completed(box) == ""
+    assert queue_once_completed(box) == ""
 
 
 def test_doctor_names_slurm_s_own_failures_inside_a_job(make_sandbox, tmp_path):
@@ -478,23 +410,23 @@ def test_doctor_names_slurm_s_own_failures_inside_a_job(make_sandbox, tmp_path):
     Slurm's, with `--exclude` in its fix."""
     box = make_sandbox(nodes=2, slurm=True)
     tf = [sys.executable, "-m", "trainfleet"]
-    done = _slurm(box, "salloc", "-N2", "--quiet", "env", "SLURM_EXPORT_ENV=NONE", *tf,
-                  "doctor", "--quick", "--json", timeout=180)  # fmt: skip
+    done = run_slurm(box, "salloc", "-N2", "--quiet", "env", "SLURM_EXPORT_ENV=NONE", *tf,
+                     "doctor", "--quick", "--json", timeout=180)  # fmt: skip
     report = json.loads(done.stdout)
     assert [(f["id"], f["severity"]) for f in report["findings"]] == [
         ("slurm-export-none", "warning")
     ], report["findings"]
     assert done.returncode == 0, done.stderr
 
-    done = _slurm(box, "salloc", "-N2", "--quiet", "srun", "--ntasks-per-node=1", *tf,
-                  "doctor", "--quick", timeout=180)  # fmt: skip
+    done = run_slurm(box, "salloc", "-N2", "--quiet", "srun", "--ntasks-per-node=1", *tf,
+                     "doctor", "--quick", timeout=180)  # fmt: skip
     assert done.returncode != 0, done.stdout
     assert done.stdout.count("ERROR   slurm-task-layout") == 2, done.stdout
     assert "task 1 of the 2 of step" in done.stdout
 
     slurmd = int((files_of(box.state_dir).root / "run" / "slurmd.gpu-node-2.pid").read_text())
     stopped = f"kill -STOP {slurmd}; {shlex.join(tf)} doctor --quick --json; kill -CONT {slurmd}"
-    done = _slurm(box, "salloc", "-N2", "--quiet", "sh", "-c", stopped, timeout=240)
+    done = run_slurm(box, "salloc", "-N2", "--quiet", "sh", "-c", stopped, timeout=240)
     report = json.loads(done.stdout)
     unreachable = [f for f in report["findings"] if f["id"] == "slurm-node-unreachable"]
     assert len(unreachable) == 1 and unreachable[0]["nodes"] == ["gpu-node-2"], report
@@ -506,9 +438,9 @@ def test_commtest_measures_the_job_s_nodes_through_srun(make_sandbox):
     box = make_sandbox(nodes=2, slurm=True)
     for node in box.nodes:
         os.kill(box.sshd_pid(node.index), signal.SIGKILL)
-    done = _slurm(box, "salloc", "-N2", "--quiet", sys.executable, "-m", "trainfleet",
-                  "commtest", "--ops", "all_reduce", "--max-bytes", "1M", "--time-budget", "5",
-                  "--json", timeout=180)  # fmt: skip
+    done = run_slurm(box, "salloc", "-N2", "--quiet", sys.executable, "-m", "trainfleet",
+                     "commtest", "--ops", "all_reduce", "--max-bytes", "1M", "--time-budget", "5",
+                     "--json", timeout=180)  # fmt: skip
     report = json.loads(done.stdout)  # its verdict on 1 MiB against the link is not asked
     assert report["world_size"] == 2 and report["complete"], report
     assert {r["op"] for r in report["results"]} == {"all_reduce"}, report["results"]
