@@ -13,6 +13,20 @@ micro-batch x seq-len random tokens with labels (HF's loss, fp32 logits) and an 
 The last stdout line is one JSON object: the measured peaks (the whole run's, and each
 phase's: init, forward, backward, optimizer step, the largest over the steps) and the planner's
 prediction.
+
+--snapshot records every allocation (torch.cuda.memory._record_memory_history, Python frames)
+and adds, for each phase of the last step, what was live at that phase's peak, grouped by the
+first frame outside torch that allocated it (`file.py:function`): which part of the model,
+the loss or DeepSpeed holds the bytes the planner's terms stand for.
+
+    >>> lib = "/opt/torch/.venv/lib/python3.12/site-packages/"
+    >>> trace = [{"action": "alloc", "addr": 1, "size": 10, "frames": [_f(lib + "torch/nn/x.py",
+    ...     "linear"), _f(lib + "transformers/loss/loss_utils.py", "ForCausalLMLoss")]},
+    ...     {"action": "alloc", "addr": 2, "size": 5, "frames": [_f("deepspeed/zero/s.py", "f")]},
+    ...     {"action": "free_completed", "addr": 1, "size": 10, "frames": []},
+    ...     {"action": "alloc", "addr": 3, "size": 7, "frames": [_f("deepspeed/zero/s.py", "f")]}]
+    >>> live_at_peak(trace, 0, 4)
+    (15, [['loss_utils.py:ForCausalLMLoss:0', 10], ['s.py:f:0', 5]])
 """
 
 from __future__ import annotations
@@ -20,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -47,7 +62,62 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--torch-adam", action="store_true", help="torch's AdamW instead of DeepSpeed's FusedAdam"
     )
+    parser.add_argument(
+        "--snapshot", action="store_true", help="what is live at each phase's peak, by who made it"
+    )
     return parser.parse_args(argv)
+
+
+TRACE_ENTRIES = 20_000_000
+"""The allocator's trace kept for --snapshot: far more than 3 steps of a 0.5B model make, so
+that the trace never wraps and its indices stay the phases' marks."""
+
+
+def _f(filename: str, name: str) -> dict:
+    return {"filename": filename, "line": 0, "name": name}
+
+
+_TORCH = re.compile(r"(^|/)(site|dist)-packages/torch/|^torch/|^<")
+"""A frame of torch itself (or a frozen module): skipped to reach the code that asked."""
+
+
+def _maker(frames: list[dict]) -> str:
+    """`file.py:function:line` of the innermost frame outside torch; `torch` when every frame
+    is torch's (the autograd engine's allocations during backward have none)."""
+    for frame in frames:
+        path = frame.get("filename", "")
+        if _TORCH.search(path):
+            continue
+        return f"{Path(path).name}:{frame.get('name', '?')}:{frame.get('line', 0)}"
+    return "torch"
+
+
+def live_at_peak(trace: list[dict], start: int, end: int, top: int = 12) -> tuple[int, list]:
+    """Replaying the trace from its beginning: the most bytes allocated at once between
+    entries `start` and `end`, and what was live then, by maker, largest first."""
+    live: dict[int, tuple[int, str]] = {}
+    total = peak = 0
+    peak_at = start
+    for index, entry in enumerate(trace[:end]):
+        action = entry.get("action")
+        if action == "alloc":
+            live[entry["addr"]] = (entry["size"], _maker(entry.get("frames") or []))
+            total += entry["size"]
+        elif action == "free_completed" and entry["addr"] in live:
+            total -= live.pop(entry["addr"])[0]
+        if index >= start and total > peak:
+            peak, peak_at = total, index
+    live = {}
+    for entry in trace[: peak_at + 1]:
+        if entry.get("action") == "alloc":
+            live[entry["addr"]] = (entry["size"], _maker(entry.get("frames") or []))
+        elif entry.get("action") == "free_completed":
+            live.pop(entry["addr"], None)
+    by_maker: dict[str, int] = {}
+    for size, maker in live.values():
+        by_maker[maker] = by_maker.get(maker, 0) + size
+    ranked = sorted(by_maker.items(), key=lambda kv: -kv[1])[:top]
+    return peak, [[maker, size] for maker, size in ranked]
 
 
 def setup_of(args: argparse.Namespace) -> TrainSetup:
@@ -92,6 +162,9 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.set_device(device)
 
     started = time.monotonic()
+    recording = args.snapshot and on_gpu
+    if recording:
+        torch.cuda.memory._record_memory_history(stacks="python", max_entries=TRACE_ENTRIES)
     keep_alive = HfDeepSpeedConfig(ds) if setup.zero == 3 else None  # zero.Init in from_config
     hf_config = AutoConfig.from_pretrained(Path(args.model).parent)
     model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.bfloat16)
@@ -121,20 +194,34 @@ def main(argv: list[str] | None = None) -> int:
     losses = []
     peaks = {"init": _peak_and_reset(on_gpu)}
     phases: dict[str, int] = {}
-    for _ in range(args.steps):
+    marks: dict[str, tuple[int, int]] = {}
+    """The last step's phases as trace indices (--snapshot)."""
+    for index in range(args.steps):
         tokens = torch.randint(
             0, shape.vocab_size, (setup.micro_batch, setup.seq_len), generator=generator
         ).to(device)
+        last = recording and index == args.steps - 1
+        mark = _trace_length(last)
         loss = engine(input_ids=tokens, labels=tokens).loss
         phases["forward"] = _peak_and_reset(on_gpu)
+        marks["forward"] = (mark, mark := _trace_length(last))
         engine.backward(loss)
         phases["backward"] = _peak_and_reset(on_gpu)
+        marks["backward"] = (mark, mark := _trace_length(last))
         engine.step()
         phases["step"] = _peak_and_reset(on_gpu)
+        marks["step"] = (mark, _trace_length(last))
         peaks.update({name: max(peaks.get(name, 0), value) for name, value in phases.items()})
         losses.append(round(float(loss), 4))
     if on_gpu:
         torch.cuda.synchronize()
+    at_peak = {}
+    if recording:
+        trace = torch.cuda.memory._snapshot()["device_traces"][0]
+        torch.cuda.memory._record_memory_history(enabled=None)
+        for name, (start, end) in marks.items():
+            peak, makers = live_at_peak(trace, start, end)
+            at_peak[name] = {"peak": peak, "makers": makers}
     result = {
         "setup": {
             "zero": setup.zero,
@@ -167,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
             "reserved": torch.cuda.max_memory_reserved() if on_gpu else None,
             "device_used": _device_used_bytes() if on_gpu else None,
         },
+        "at_peak": at_peak,
         "losses": losses,
         "seconds": round(time.monotonic() - started, 1),
         "device": torch.cuda.get_device_name(0) if on_gpu else "cpu",
@@ -184,6 +272,16 @@ def _peak_and_reset(on_gpu: bool) -> int:
     peak = torch.cuda.max_memory_allocated()
     torch.cuda.reset_peak_memory_stats()
     return peak
+
+
+def _trace_length(recording: bool) -> int:
+    """How many entries the allocator's trace holds now (0 when not recording)."""
+    if not recording:
+        return 0
+    import torch
+
+    torch.cuda.synchronize()
+    return len(torch.cuda.memory._snapshot()["device_traces"][0])
 
 
 def _device_used_bytes() -> int:

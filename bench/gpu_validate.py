@@ -15,7 +15,8 @@
    stuck in a kernel.
 4. planner: `trainfleet plan`'s predicted peak against torch.cuda.max_memory_allocated() for a
    Qwen2.5-0.5B-shaped model (random weights) over ZeRO 0-3, checkpointing, LoRA, offload, seq
-   len and micro batch, one process per config (bench/gpu_memory_probe.py).
+   len and micro batch, one process per config (bench/gpu_memory_probe.py); with --snapshot,
+   also what was live at each phase's peak, by the code that allocated it.
 
 Each part writes what it measured as it goes (OUT/summary.json), so a run stopped at its limit
 still returns what it finished. Without a GPU the parts say so and stop.
@@ -323,7 +324,7 @@ def _doctor_view(got: dict) -> dict:
     }
 
 
-def part_planner(summary: Summary, deadline: float, configs: int) -> None:
+def part_planner(summary: Summary, deadline: float, configs: int, snapshot: bool = False) -> None:
     config = OUT / "work" / "qwen05b" / "config.json"
     rows: list[dict] = []
     torch_adam = False
@@ -336,6 +337,7 @@ def part_planner(summary: Summary, deadline: float, configs: int) -> None:
                 str(config), "--zero", str(zero), "--offload", offload, "--seq-len", str(seq),
                 "--micro-batch", str(mb), "--lora-rank", str(lora)]  # fmt: skip
         argv += ["--grad-ckpt"] if ckpt else []
+        argv += ["--snapshot"] if snapshot else []
         got = run(argv + (["--torch-adam"] if torch_adam else []), timeout=min(left, 240))
         if got["rc"] != 0 and not torch_adam and "fused_adam" in got["stderr"].lower():
             say("planner: FusedAdam did not build; torch's AdamW from here on")
@@ -351,6 +353,9 @@ def part_planner(summary: Summary, deadline: float, configs: int) -> None:
         rows.append(row)
         summary.put("planner", rows)
         say(_planner_line(row))
+        for phase, seen in row.get("at_peak", {}).items():
+            makers = ", ".join(f"{m} {b / 2**30:.2f}" for m, b in seen["makers"][:8])
+            say(f"  {phase} peak {seen['peak'] / 2**30:.2f} GiB: {makers}")
 
 
 def _planner_line(row: dict) -> str:
@@ -377,6 +382,11 @@ def main() -> int:
     parser.add_argument("--configs", type=int, default=len(PLANNER_CONFIGS),
                         help="the planner part's first N configs")  # fmt: skip
     parser.add_argument(
+        "--snapshot",
+        action="store_true",
+        help="the planner part also says what is live at each phase's peak, by who made it",
+    )
+    parser.add_argument(
         "--arch-list",
         help="TORCH_CUDA_ARCH_LIST for DeepSpeed's op builds (9.0 works around DeepSpeed "
         "0.19.8 failing on torch's '9.0a')",
@@ -399,7 +409,7 @@ def main() -> int:
         started = time.monotonic()
         try:
             if name == "planner":
-                part_planner(summary, deadline, args.configs)
+                part_planner(summary, deadline, args.configs, args.snapshot)
             else:
                 parts[name](summary)
         except Exception as exc:  # one part's failure must not cost the others' figures
