@@ -79,6 +79,29 @@ def test_a_silent_exit_reported_by_the_shim_beats_the_consequences_of_other_rank
     assert root.text == "rank 3 exited with code 3"
 
 
+def test_a_rank_s_own_exit_code_beats_a_traceback_the_launcher_prints_after_it():
+    """crash_until_restart.py's rank 1 exits 3 without a traceback; DeepSpeed's runner, stopping
+    the other node, then printed `SystemExit: 1` from its signal handler inside an atexit
+    callback (seen once in a fresh clone's cluster tier)."""
+    tracker = ErrorTracker()
+    tracker.note_exit(4.2, "gpu-node-2", 1, 3)
+    _traceback(tracker, 4.5, "gpu-node-1", 0, "RuntimeError: Connection closed by peer")
+    tracker.feed(7.0, "deepspeed", None, "Exception ignored in atexit callback: <bound method>")
+    _traceback(tracker, 7.1, "deepspeed", None, "SystemExit: 1")
+    root = tracker.root_cause("gpu-node-2")
+    assert (root.node, root.rank, root.text) == ("gpu-node-2", 1, "rank 1 exited with code 3")
+    # A real error before the exit is still the cause; a rank killed by a signal (negative
+    # code, often stopped because of another rank's error) does not outrank a real error.
+    tracker = ErrorTracker()
+    _traceback(tracker, 4.0, "gpu-node-1", 0, "ValueError: bad shape")
+    tracker.note_exit(4.2, "gpu-node-2", 1, 3)
+    assert tracker.root_cause().text == "ValueError: bad shape"
+    tracker = ErrorTracker()
+    tracker.note_exit(4.2, "gpu-node-2", 1, -15)
+    _traceback(tracker, 4.5, "gpu-node-1", 0, "ValueError: bad shape")
+    assert tracker.root_cause().text == "ValueError: bad shape"
+
+
 @pytest.mark.parametrize(
     ("last_line", "says"),
     [

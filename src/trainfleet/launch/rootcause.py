@@ -195,11 +195,19 @@ class ErrorTracker:
         return summary[1] if summary and summary[0] == rank else None
 
     def root_cause(self, first_failed_node: str | None = None) -> RankError | None:
-        """The earliest real error; else the first rank that exited non-zero without a
+        """The earliest real error, unless a rank exited with a code of its own (positive,
+        no traceback of its own) before it; else the first rank that exited non-zero without a
         consequence error of its own; else the rank torchrun's agent names on the first node
-        that failed; else the earliest consequence."""
+        that failed; else the earliest consequence.
+
+        A rank's own exit comes first because what follows it need not be the ranks': DeepSpeed's
+        runner, stopping, may print a traceback of its own (`SystemExit: 1` from its signal
+        handler inside an atexit callback, seen in a fresh clone's tier)."""
         real = [e for e in self.errors if not e.consequence]
-        if real:
+        hit = {e.rank for e in self.errors if e.rank is not None}
+        silent = [x for x in self.exits if x[3] != 0 and x[2] not in hit]
+        own_exit = min((x for x in silent if x[3] > 0), default=None)
+        if real and (own_exit is None or min(e.time for e in real) <= own_exit[0]):
             pick = min(real, key=lambda e: e.time)
             return RankError(
                 time=pick.time,
@@ -209,10 +217,8 @@ class ErrorTracker:
                 consequence=False,
                 exitcode=self._exit_code(pick.node, pick.rank),
             )
-        hit = {e.rank for e in self.errors if e.rank is not None}
-        silent = [x for x in self.exits if x[3] != 0 and x[2] not in hit]
         if silent:
-            when, node, rank, code = min(silent)
+            when, node, rank, code = own_exit or min(silent)
             return RankError(
                 time=when,
                 node=node,
