@@ -84,14 +84,15 @@ def launch_step(cluster: Cluster) -> SlurmStep:
 
 def uneven_cpus(cluster: Cluster) -> list[str]:
     """The plan's note when the job has more CPUs on some nodes than on others."""
-    cpus = {node.host: node.slurm.cpus for node in cluster.nodes if node.slurm}
-    if len(set(cpus.values())) < 2 or None in cpus.values():
+    cpus = [node.slurm.cpus for node in cluster.nodes if node.slurm]
+    known = {c for c in cpus if c is not None}
+    if len(known) < 2 or len(known) != len(set(cpus)):
         return []
-    fewest = launch_step(cluster).cpus
+    counts = [str(c) for c in sorted(known)]
+    said = f"{', '.join(counts[:-1])} and {counts[-1]}"
     return [
-        f"the job's nodes have {' and '.join(sorted({str(c) for c in cpus.values()}, key=int))}"
-        f" CPUs; the launch's one step gives each node's torchrun {fewest} (--cpus-per-task is"
-        " one number for every task of a step)"
+        f"the job's nodes have {said} CPUs; the launch's one step gives each node's torchrun"
+        f" {launch_step(cluster).cpus} (--cpus-per-task is one number for every task of a step)"
     ]
 
 
