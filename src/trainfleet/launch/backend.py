@@ -84,6 +84,11 @@ class Channel:
         return self.demux(text) if self.demux else ChannelLine(node=None, text=text)
 
     @property
+    def reaches(self) -> tuple[str, ...]:
+        """The nodes its stdin reaches: its `nodes`, else its name (a node's own channel)."""
+        return self.nodes or (self.name,)
+
+    @property
     def lifeline(self) -> bool:
         """Whether its stdin stays open as the node's lifeline (a bootstrap over ssh): its
         connection lost, the node's job stops by itself, unconfirmed here."""

@@ -207,8 +207,8 @@ class ErrorTracker:
         hit = {e.rank for e in self.errors if e.rank is not None}
         silent = [x for x in self.exits if x[3] != 0 and x[2] not in hit]
         own_exit = min((x for x in silent if x[3] > 0), default=None)
-        if real and (own_exit is None or min(e.time for e in real) <= own_exit[0]):
-            pick = min(real, key=lambda e: e.time)
+        pick = min(real, key=lambda e: e.time, default=None)
+        if pick is not None and (own_exit is None or pick.time <= own_exit[0]):
             return RankError(
                 time=pick.time,
                 node=pick.node,

@@ -61,8 +61,8 @@ class _Run:
         self.output = MergedOutput(plan, run_dir, out, self.started, self.facts)
         self.procs: dict[str, asyncio.subprocess.Process] = {}
         self.channels: dict[str, Channel] = {}
-        self.pumps: list[asyncio.Task] = []
-        self.pumps_of: dict[str, list[asyncio.Task]] = {}
+        self.pumps: dict[str, list[asyncio.Task]] = {}
+        """Each channel's stdout and stderr readers."""
         self.codes: dict[str, int | None] = {}
         self.state = RunState.STARTING
         self.first_failure: str | None = None
@@ -103,8 +103,7 @@ class _Run:
             for name, stream in (("stdout", proc.stdout), ("stderr", proc.stderr)):
                 task = asyncio.ensure_future(pump(stream, channel, name, self.output))
                 task.add_done_callback(functools.partial(self._pump_ended, channel.name, name))
-                self.pumps.append(task)
-                self.pumps_of.setdefault(channel.name, []).append(task)
+                self.pumps.setdefault(channel.name, []).append(task)
         self.state = RunState.RUNNING
 
     def _pump_ended(self, node: str, stream: str, task: asyncio.Task) -> None:
@@ -137,7 +136,7 @@ class _Run:
             ended = {waits.pop(t): t.result() for t in done if t in waits}
             for name, code in ended.items():
                 self.codes[name] = code
-                pumps = self.pumps_of.get(name)
+                pumps = self.pumps.get(name)
                 if self.channels[name].demux is not None and pumps:
                     # Its last lines may say which of its nodes ended first, and how.
                     await asyncio.wait(pumps, timeout=PUMP_DRAIN_S)
@@ -194,7 +193,7 @@ class _Run:
         reached = [
             node
             for n, p in self.procs.items() if self.channels[n].pass_signal(p, name)
-            for node in self.channels[n].nodes or (n,)
+            for node in self.channels[n].reaches
         ]  # fmt: skip
         self.output.note(f"got SIG{name}: passed on to the ranks on {', '.join(reached) or 'none'}")
 
@@ -276,7 +275,7 @@ class _Run:
             node
             for n, code in self.codes.items()
             if self.channels[n].lifeline and code is not None and (code == SSH_DROPPED or code < 0)
-            for node in self.channels[n].nodes or (n,)
+            for node in self.channels[n].reaches
         ]  # fmt: skip
         if lost and self.state is not RunState.DONE:
             self.output.note(
@@ -288,8 +287,9 @@ class _Run:
             )
         elif running and self.state is not RunState.DONE:
             self.output.note(f"every rank on every node stopped, {took:.1f} s after the stop began")
-        if self.pumps:
-            await asyncio.wait(self.pumps, timeout=2)
+        pumps = [task for tasks in self.pumps.values() for task in tasks]
+        if pumps:
+            await asyncio.wait(pumps, timeout=2)
 
     def result(self) -> LaunchResult:
         root = None

@@ -33,7 +33,7 @@ from trainfleet.doctor import DoctorReport
 from trainfleet.errors import TrainfleetError
 from trainfleet.launch.backend import Channel, ChannelLine, LaunchBackend, StopBy
 from trainfleet.launch.backends.ssh import LaunchPlan, SshBackend, bootstrap_job
-from trainfleet.launch.masking import masked
+from trainfleet.launch.masking import holds_secret
 from trainfleet.launch.options import LaunchFacts, LaunchOptions
 from trainfleet.node import bootstrap
 from trainfleet.remote.argv import srun_step_argv
@@ -42,7 +42,7 @@ STEP_CHANNEL = "srun"
 """The name of the launch's one local process, the step's srun client."""
 
 _LABEL = re.compile(r"^\s*(\d+): (.*)$", re.DOTALL)
-_TASK_END = re.compile(r"^srun: error: ([^\s:]+): task (\d+): (.*)$")
+_TASK_END = re.compile(r"^srun: error: ([^\s:]+): task \d+: (.*)$")
 _SIGNAL_CODES = {signal.strsignal(s) or s.name: 128 + s for s in signal.Signals}
 """srun says a task killed by a signal ended with the signal's description (strsignal):
 `Killed` is 137 as the shell counts it."""
@@ -56,7 +56,7 @@ def srun_lines(hosts: Sequence[str]) -> Callable[[str], ChannelLine]:
     def split(text: str) -> ChannelLine:
         ended = _TASK_END.match(text)
         if ended:
-            how = ended.group(3).removesuffix(" (core dumped)")
+            how = ended.group(2).removesuffix(" (core dumped)")
             code = re.fullmatch(r"Exited with exit code (\d+)", how)
             return ChannelLine(
                 node=None,
@@ -92,7 +92,7 @@ def uneven_cpus(cluster: Cluster) -> list[str]:
     said = f"{', '.join(counts[:-1])} and {counts[-1]}"
     return [
         f"the job's nodes have {said} CPUs; the launch's one step gives each node's torchrun"
-        f" {launch_step(cluster).cpus} (--cpus-per-task is one number for every task of a step)"
+        f" {counts[0]} (--cpus-per-task is one number for every task of a step)"
     ]
 
 
@@ -104,7 +104,7 @@ def refuse_node_secrets(plan: LaunchPlan) -> None:
     for node in plan.nodes[1:]:
         for name in sorted(set(first) | set(node.env)):
             value = node.env.get(name)
-            if value != first.get(name) and masked({name: value or ""})[name] != (value or ""):
+            if value != first.get(name) and holds_secret(name, value or ""):
                 raise TrainfleetError(
                     f"{name} holds a secret and differs between {plan.nodes[0].host} and"
                     f" {node.host}: the launch's one Slurm step hands every node's environment"
